@@ -1,0 +1,14 @@
+import torch
+
+
+def attention(q, k, v, out, sm_scale: float, causal: bool) -> None:
+    t, hq, _ = q.shape
+    s, hkv, _ = k.shape
+    group = hq // hkv
+    kf = k.float().repeat_interleave(group, dim=1)
+    vf = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("thd,shd->hts", q.float(), kf) * sm_scale
+    if causal:
+        allowed = torch.ones(t, s, dtype=torch.bool, device=q.device).tril()  # bug: ignores the prefix
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    out.copy_(torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), vf))

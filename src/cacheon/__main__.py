@@ -1,0 +1,3 @@
+from cacheon.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Bundles: a manifest plus kernel sources that implement registered slots."""

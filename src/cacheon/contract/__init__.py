@@ -1,0 +1,1 @@
+"""The narrow waist: slot specs, trusted references, comparators and the catalog."""

@@ -1,0 +1,176 @@
+"""Typed slot contracts.
+
+A slot is a validator-owned tensor boundary: the harness generates every input, allocates every
+output, calls the candidate's entry with a fixed argument order, and judges the result against a
+trusted high-precision reference. Everything here is plain data plus two callables (input
+generation is generic; the reference is per slot), so a slot can be described as canonical JSON.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+SlotKind = Literal["op", "block", "collective"]
+CompareMode = Literal["allclose", "matched_ratio", "cosine", "topk_overlap"]
+
+#: dtype names a slot may run in; "act" in a TensorSpec means "the dtype of this run".
+DTYPES: Mapping[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "bool": torch.bool,
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor argument: symbolic shape over the case dims, dtype, and how inputs are filled."""
+
+    name: str
+    shape: tuple[str, ...]
+    dtype: str = "act"
+    init: str = "normal"
+
+    def resolve_shape(self, dims: Mapping[str, int]) -> tuple[int, ...]:
+        return tuple(eval_dim(expr, dims) for expr in self.shape)
+
+    def resolve_dtype(self, act: str) -> torch.dtype:
+        return DTYPES[act if self.dtype == "act" else self.dtype]
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "init": self.init}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Per-dtype acceptance bounds; which fields matter depends on the comparator mode."""
+
+    atol: float = 0.0
+    rtol: float = 0.0
+    min_ratio: float = 1.0
+    min_cosine: float = 1.0
+    norm_rtol: float = 0.0
+    topk: int = 0
+
+    def describe(self) -> dict[str, str]:
+        # Floats are not canonical JSON; repr() is exact and stable for Python floats.
+        return {k: repr(v) for k, v in sorted(self.__dict__.items())}
+
+
+@dataclass(frozen=True)
+class Comparator:
+    mode: CompareMode
+    tolerances: Mapping[str, Tolerance]
+
+    def tolerance(self, dtype: str) -> Tolerance:
+        return self.tolerances[dtype]
+
+    def describe(self) -> dict[str, Any]:
+        return {"mode": self.mode, "tolerances": {k: v.describe() for k, v in sorted(self.tolerances.items())}}
+
+
+@dataclass(frozen=True)
+class ShapeCase:
+    """A registered problem size: integer dims plus non-tensor parameters (e.g. ``causal``)."""
+
+    dims: Mapping[str, int]
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def label(self) -> str:
+        parts = [f"{k}={v}" for k, v in self.dims.items()]
+        parts += [f"{k}={v}" for k, v in self.params.items()]
+        return " ".join(parts)
+
+    def describe(self) -> dict[str, Any]:
+        return {"dims": dict(self.dims), "params": {k: repr(v) for k, v in self.params.items()}}
+
+
+Reference = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], dict[str, torch.Tensor]]
+ScalarFn = Callable[[ShapeCase], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    """A registered slot: the ABI a bundle entry must implement."""
+
+    name: str
+    kind: SlotKind
+    entry: str
+    args: tuple[str, ...]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    scalars: ScalarFn
+    scalar_names: tuple[str, ...]
+    reference: Reference
+    reference_id: str
+    comparator: Comparator
+    dtypes: tuple[str, ...]
+    shapes: tuple[ShapeCase, ...]
+    token_dim: str
+    graph_dynamic: tuple[str, ...]
+    graph_safe: bool
+    summary: str
+
+    def signature(self) -> str:
+        return f"{self.entry}({', '.join(self.args)})"
+
+    def requires_graph_proof(self) -> bool:
+        """``op`` slots always need CUDA-graph replay proof; ``block`` slots when declared graph-safe."""
+        return self.kind == "op" or (self.kind == "block" and self.graph_safe)
+
+    def describe(self) -> dict[str, Any]:
+        """Canonical description; part of the catalog digest, so ABI changes change the digest."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "entry": self.entry,
+            "args": list(self.args),
+            "signature": self.signature(),
+            "inputs": [t.describe() for t in self.inputs],
+            "outputs": [t.describe() for t in self.outputs],
+            "scalars": list(self.scalar_names),
+            "reference": self.reference_id,
+            "comparator": self.comparator.describe(),
+            "dtypes": list(self.dtypes),
+            "shapes": [s.describe() for s in self.shapes],
+            "token_dim": self.token_dim,
+            "graph_dynamic": list(self.graph_dynamic),
+            "graph_safe": self.graph_safe,
+            "summary": self.summary,
+        }
+
+
+_ALLOWED_DIM_NODES = (ast.Expression, ast.BinOp, ast.Name, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.Load)
+
+
+def eval_dim(expr: str, dims: Mapping[str, int]) -> int:
+    """Evaluate a dimension expression such as ``"2*d"`` or ``"P+T"`` over the case dims."""
+    tree = ast.parse(expr, mode="eval")
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED_DIM_NODES):
+            raise ValueError(f"unsupported dimension expression {expr!r}")
+
+    def ev(node: ast.AST) -> int:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            return int(dims[node.id])
+        if isinstance(node, ast.BinOp):
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Add):
+                return left + right
+            if isinstance(node.op, ast.Sub):
+                return left - right
+            return left * right
+        raise ValueError(f"unsupported dimension expression {expr!r}")
+
+    return ev(tree)

@@ -1,0 +1,64 @@
+"""Every embedded example through the real CLI: the documented verdict, exit code and reason."""
+
+import json
+
+import pytest
+
+from tests.conftest import EXAMPLES
+
+# bundle -> (exit code, verdict, text that must appear in the output)
+EXPECTED = {
+    "silu-torch": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),
+    "silu-triton": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),
+    "rmsnorm-torch": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),
+    "rmsnorm-triton": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),
+    "attention-torch": (0, "PASS", "cases matched the float64 reference"),
+    "silu-broken-no-silu": (2, "FAIL", "elements outside tolerance"),
+    "rmsnorm-broken-no-norm": (2, "FAIL", "elements outside tolerance"),
+    "attention-broken-causal": (2, "FAIL", "causal=True: output out"),
+    "silu-cheat-writes-input": (2, "FAIL", "input x was modified by the candidate"),
+    "silu-cheat-replaces-out": (2, "FAIL", "storage was replaced"),
+    "silu-cheat-caches-output": (2, "FAIL", "#1"),
+    "silu-cheat-skips-rows": (2, "FAIL", "non-finite values"),
+}
+
+
+def test_every_example_has_an_expectation():
+    on_disk = {p.name for p in EXAMPLES.iterdir() if (p / "manifest.toml").exists()}
+    assert on_disk == set(EXPECTED) | {"silu-scan-violation"}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_example_verdict(cli, name):
+    code, verdict, text = EXPECTED[name]
+    result = cli("verify", str(EXAMPLES / name))
+    out = result.stdout + result.stderr
+    assert result.returncode == code, out
+    assert out.rstrip().splitlines()[-1].startswith(verdict + " "), out
+    assert text in out, out
+    assert "Traceback" not in result.stderr
+
+
+def test_caching_cheat_passes_its_first_trial_and_fails_the_refill(cli):
+    report = json.loads(cli("verify", str(EXAMPLES / "silu-cheat-caches-output"), "--json").stdout)
+    cases = report["ops"][0]["cases"]
+    assert [c["ok"] for c in cases] == [True, False]
+    assert cases[1]["trial"] == 1
+
+
+def test_scan_violation_is_never_executed(cli, tmp_path):
+    marker = "/tmp/cacheon-scan-violation-ran"
+    import os
+
+    if os.path.exists(marker):
+        os.remove(marker)
+    scan = cli("scan", str(EXAMPLES / "silu-scan-violation"))
+    assert scan.returncode == 2
+    for rule in ("[subprocess]", "[alias-dangerous]", "[open-call]", "[forbidden-import]"):
+        assert rule in scan.stdout
+    assert "kernels/silu_and_mul.py:5:" in scan.stdout
+    result = cli("verify", str(EXAMPLES / "silu-scan-violation"), "--json")
+    assert result.returncode == 2
+    assert json.loads(result.stdout)["reason"] == "scan violations"
+    assert "the bundle was not executed" in result.stderr
+    assert not os.path.exists(marker)

@@ -1,0 +1,123 @@
+"""verify/scan/package/slots through the real CLI: JSON, archives, isolation failures, user errors."""
+
+import json
+import textwrap
+from pathlib import Path
+
+from tests.conftest import EXAMPLES
+
+MANIFEST = """
+bundle_id = "probe"
+abi_version = "cacheon-op-abi-v1"
+[[ops]]
+slot = "activation.silu_and_mul"
+source = "kernels/k.py"
+entry = "silu_and_mul"
+dtypes = ["float32"]
+"""
+
+
+def bundle(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "kernels").mkdir(parents=True)
+    (tmp_path / "manifest.toml").write_text(MANIFEST)
+    (tmp_path / "kernels" / "k.py").write_text(textwrap.dedent(body))
+    return tmp_path
+
+
+def test_json_report_carries_verdict_cases_digest_and_environment(cli):
+    result = cli("verify", str(EXAMPLES / "attention-torch"), "--json", "--dtype", "float32", "--seed", "5")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["verdict"] == "PASS" and report["seed"] == 5
+    assert report["bundle_digest"].startswith("sha256:")
+    assert report["environment"]["torch"].startswith("2.") and report["environment"]["device"] == "cpu"
+    cases = report["ops"][0]["cases"]
+    assert len(cases) == 20 and all(c["dtype"] == "float32" and c["ok"] for c in cases)
+    assert all(c["max_abs_err"] < 1e-4 for c in cases)
+
+
+def test_verify_reads_a_packaged_archive(cli, tmp_path):
+    archive = tmp_path / "silu.tar.gz"
+    packaged = cli("package", str(EXAMPLES / "silu-torch"), "--out", str(archive))
+    assert packaged.returncode == 0, packaged.stderr
+    digest = packaged.stdout.split()[0]
+    result = cli("verify", str(archive), "--dtype", "bfloat16")
+    assert result.returncode == 0, result.stderr
+    assert f"NUMERICAL_PASS  silu-torch {digest}" in result.stdout
+
+
+def test_hung_kernel_is_killed_and_reported(cli, tmp_path):
+    root = bundle(tmp_path, """
+        def silu_and_mul(x, out):
+            while True:
+                pass
+    """)
+    result = cli("verify", str(root), "--timeout", "3")
+    assert result.returncode == 2
+    assert "candidate timeout" in result.stdout and "was killed" in result.stdout
+
+
+def test_crashing_kernel_is_a_candidate_failure(cli, tmp_path):
+    root = bundle(tmp_path, """
+        def silu_and_mul(x, out):
+            raise SystemExit(3)
+    """)
+    result = cli("verify", str(root))
+    assert result.returncode == 2
+    assert "candidate crashed: the candidate process exited with code 3" in result.stdout
+
+
+def test_raising_kernel_and_import_error(cli, tmp_path):
+    root = bundle(tmp_path / "a", """
+        def silu_and_mul(x, out):
+            raise ValueError("nope")
+    """)
+    result = cli("verify", str(root))
+    assert result.returncode == 2 and "entry raised: ValueError: nope" in result.stdout
+    missing = bundle(tmp_path / "b", "def other(x, out):\n    pass\n")
+    result = cli("verify", str(missing))
+    assert result.returncode == 2 and "has no callable 'silu_and_mul'" in result.stdout
+
+
+def test_partial_rows_fail(cli, tmp_path):
+    root = bundle(tmp_path, """
+        import torch
+
+        def silu_and_mul(x, out):
+            d = x.shape[-1] // 2
+            half = x.shape[0] // 2 + 1
+            out[:half] = torch.nn.functional.silu(x[:half, :d]) * x[:half, d:]
+    """)
+    result = cli("verify", str(root), "--keep-going", "--json")
+    assert result.returncode == 2
+    report = json.loads(result.stdout)
+    assert any(c["ok"] for c in report["ops"][0]["cases"])  # T=1 is fully written
+    failures = [f for c in report["ops"][0]["cases"] for f in c["failures"]]
+    assert any("non-finite" in f for f in failures)
+
+
+def test_user_errors_are_one_line_exit_1(cli, tmp_path):
+    for args, text in [
+        (("verify", str(tmp_path / "missing")), "does not exist"),
+        (("scan", str(tmp_path)), "missing manifest.toml"),
+        (("verify", str(EXAMPLES / "silu-torch"), "--device", "cuda"), "no CUDA device"),
+        (("verify", str(EXAMPLES / "silu-torch"), "--device", "tpu"), "invalid choice"),
+    ]:
+        result = cli(*args)
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        assert text in result.stderr and "Traceback" not in result.stderr
+
+
+def test_dtype_outside_the_manifest_is_reported(cli, tmp_path):
+    root = bundle(tmp_path, "def silu_and_mul(x, out):\n    pass\n")
+    result = cli("verify", str(root), "--dtype", "bfloat16")
+    assert result.returncode == 2 and "no dtype left to verify" in result.stdout
+
+
+def test_slots_json_and_text(cli):
+    data = json.loads(cli("slots", "--json").stdout)
+    assert data["digest"].startswith("sha256:") and data["abi_version"] == "cacheon-op-abi-v1"
+    names = [s["name"] for s in data["slots"]]
+    assert {"activation.silu_and_mul", "norm.rmsnorm", "attention.sdpa"} <= set(names)
+    text = cli("slots").stdout
+    assert "rmsnorm(x, weight, out, eps)" in text and "attention(q, k, v, out, sm_scale, causal)" in text
