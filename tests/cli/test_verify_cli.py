@@ -121,3 +121,33 @@ def test_slots_json_and_text(cli):
     assert {"activation.silu_and_mul", "norm.rmsnorm", "attention.sdpa"} <= set(names)
     text = cli("slots").stdout
     assert "rmsnorm(x, weight, out, eps)" in text and "attention(q, k, v, out, sm_scale, causal)" in text
+
+
+def test_a_shipped_pyc_is_never_loaded_instead_of_the_scanned_source(cli, tmp_path):
+    import importlib.util
+    import py_compile
+
+    root = bundle(tmp_path / "b", """
+        import torch
+
+        def silu_and_mul(x, out):
+            d = x.shape[-1] // 2
+            out.copy_(torch.nn.functional.silu(x[..., :d].float()) * x[..., d:].float())
+    """)
+    evil = tmp_path / "evil.py"
+    evil.write_text("def silu_and_mul(x, out):\n    out.zero_()\n")
+    cached = Path(importlib.util.cache_from_source(str(root / "kernels" / "k.py")))
+    py_compile.compile(str(evil), cfile=str(cached), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    assert cached.exists()
+    result = cli("verify", str(root))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_bundle_module_shadowing_an_installed_one_is_refused(cli, tmp_path):
+    root = bundle(tmp_path, "def silu_and_mul(x, out):\n    pass\n")
+    (root / "numpy.py").write_text("X = 1\n")
+    manifest = (root / "manifest.toml").read_text().replace('abi_version', 'include = ["numpy.py"]\nabi_version')
+    (root / "manifest.toml").write_text(manifest)
+    result = cli("verify", str(root))
+    assert result.returncode == 2
+    assert "shadows the installed module 'numpy'" in result.stdout

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from cacheon.bundle.digest import bundle_digest
 from cacheon.bundle.manifest import load_manifest
-from cacheon.bundle.paths import check_relative, walk_files
+from cacheon.bundle.paths import check_relative, is_cache, walk_files
 from cacheon.errors import UsageError
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
@@ -64,8 +64,8 @@ def extract_archive(archive: Path, dest: Path, limits: ArchiveLimits = ArchiveLi
                 if members > limits.max_members:
                     raise UsageError(f"{archive}: more than {limits.max_members} members")
                 rel = check_relative(info.name.rstrip("/"), f"{archive}: member")
-                if info.isdir():
-                    continue
+                if info.isdir() or is_cache(rel):
+                    continue  # caches are not content: never unpacked, so never loaded
                 if not info.isreg():
                     raise UsageError(f"{archive}: member {info.name!r} is a link or special file; refused")
                 if info.size > limits.max_file_bytes:

@@ -17,7 +17,7 @@ MANIFEST_NAME = "manifest.toml"
 _BUNDLE_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOP_KEYS = {"bundle_id", "abi_version", "description", "include", "ops"}
-_OP_KEYS = {"slot", "source", "entry", "dtypes"}
+_OP_KEYS = {"slot", "source", "entry", "dtypes", "prepare"}
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class OpEntry:
     source: str
     entry: str
     dtypes: tuple[str, ...]
+    prepare: str | None = None  # entry run once on raw weights, for slots that declare prepare inputs
 
 
 @dataclass(frozen=True)
@@ -129,9 +130,22 @@ def _parse_op(op: dict[str, Any], i: int, root: Path, path: Path) -> OpEntry:
     entry = _string(op, "entry", path, where)
     if not _IDENTIFIER.match(entry):
         raise _fail(path, where + "entry", f"{entry!r} is not a Python identifier")
+    prepare = _prepare_entry(op, SLOTS[slot].prepare_inputs, path, where)
     dtypes = _string_list(op.get("dtypes", []), path, where + "dtypes")
     allowed = SLOTS[slot].dtypes
     for dtype in dtypes:
         if dtype not in allowed:
             raise _fail(path, where + "dtypes", f"{dtype!r} is not a dtype of {slot} ({', '.join(allowed)})")
-    return OpEntry(slot, source, entry, dtypes or allowed)
+    return OpEntry(slot, source, entry, dtypes or allowed, prepare)
+
+
+def _prepare_entry(op: dict[str, Any], prepare_inputs: tuple[str, ...], path: Path, where: str) -> str | None:
+    slot = op["slot"]
+    if not prepare_inputs:
+        if "prepare" in op:
+            raise _fail(path, where + "prepare", f"{slot} has no prepare step")
+        return None
+    name = _string(op, "prepare", path, where)
+    if not _IDENTIFIER.match(name):
+        raise _fail(path, where + "prepare", f"{name!r} is not a Python identifier")
+    return name

@@ -10,6 +10,7 @@ from cacheon.bundle.admission import admit
 from cacheon.bundle.archive import open_bundle
 from cacheon.commands._output import print_json
 from cacheon.contract.catalog import FLOAT_DTYPES
+from cacheon.contract.profiles import get_profile
 from cacheon.evidence.classes import EvidenceClass, bundle_subject
 from cacheon.evidence.record import add_record_arguments, record_from_cli
 from cacheon.verify.report import CaseResult, OpReport, VerifyReport
@@ -39,6 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--graph-replays", type=int, default=3, help="poisoned CUDA-graph replays per case (cuda only)")
     p.add_argument("--keep-going", action="store_true", help="run every case even after a failure "
                    "(default: stop an op at its first failing case)")
+    p.add_argument("--world-size", type=int, default=None, metavar="N",
+                   help="ranks for collective slots (default 2; gloo on cpu, nccl with one GPU per rank on cuda)")
+    p.add_argument("--model", default=None, metavar="KEY",
+                   help="judge against a model profile's specialisation of the slots (e.g. gpt-oss)")
     p.add_argument("--json", action="store_true", help="print the full report as JSON")
     add_record_arguments(p, control=True)
     p.set_defaults(handler=run)
@@ -49,17 +54,22 @@ def _progress(op: OpReport, case: CaseResult) -> None:
 
 
 def _print_summary(report: VerifyReport) -> None:
+    if "model_profile" in report.environment:
+        print(f"model profile: {report.environment['model_profile']}")
     for op in report.ops:
         print(f"{op.slot} ({op.source}:{op.entry}): {op.verdict} - {op.reason}")
         if op.detail:
             print("  " + op.detail.strip().replace("\n", "\n  "))
+        if op.candidate_output:
+            print("  candidate output (untrusted):\n    " + op.candidate_output.strip().replace("\n", "\n    "))
     print(f"{report.verdict}  {report.bundle_id} {report.bundle_digest}")
 
 
 def run(args: argparse.Namespace) -> int:
     options = VerifyOptions(
         device=args.device, dtypes=tuple(args.dtype), seed=args.seed, timeout=args.timeout,
-        graph_replays=args.graph_replays, keep_going=args.keep_going,
+        graph_replays=args.graph_replays, keep_going=args.keep_going, world_size=args.world_size,
+        profile=get_profile(args.model) if args.model else None,
     )
     with open_bundle(args.bundle) as root:
         admission = admit(root)

@@ -135,7 +135,144 @@ ATTENTION_SDPA = SlotSpec(
     summary="softmax(q k^T * sm_scale [causal, offset S-T]) v with GQA/MQA; S = P + T",
 )
 
-SLOTS: Mapping[str, SlotSpec] = {s.name: s for s in (SILU_AND_MUL, RMSNORM, ATTENTION_SDPA)}
+def _decode_scalars(case: ShapeCase) -> dict[str, Any]:
+    return {"sm_scale": 1.0 / math.sqrt(case.dims["D"])}
+
+
+ATTENTION_DECODE = SlotSpec(
+    name="attention.decode",
+    kind="block",
+    entry="attention_decode",
+    args=("q", "k_cache", "v_cache", "seq_lens", "sm_scale", "out"),
+    inputs=(
+        TensorSpec("q", ("B", "Hq", "D")),
+        TensorSpec("k_cache", ("B", "L", "Hkv", "D")),
+        TensorSpec("v_cache", ("B", "L", "Hkv", "D")),
+        TensorSpec("seq_lens", ("B",), dtype="int32", init="seq_lens"),
+    ),
+    outputs=(TensorSpec("out", ("B", "Hq", "D")),),
+    scalars=_decode_scalars,
+    scalar_names=("sm_scale",),
+    reference=references.attention_decode,
+    reference_id="cacheon.contract.references.attention_decode@float64",
+    comparator=_ATTENTION,
+    dtypes=FLOAT_DTYPES,
+    shapes=(
+        ShapeCase({"B": 1, "L": 16, "Hq": 8, "Hkv": 8, "D": 64}),
+        ShapeCase({"B": 4, "L": 128, "Hq": 8, "Hkv": 2, "D": 128}),
+        ShapeCase({"B": 13, "L": 300, "Hq": 16, "Hkv": 1, "D": 64}),
+    ),
+    token_dim="B",
+    graph_dynamic=("q", "k_cache", "v_cache", "seq_lens"),
+    graph_safe=True,
+    summary="per sequence b: softmax(q_b K_b[:seq_lens[b]]^T * sm_scale) V_b[:seq_lens[b]], GQA",
+)
+
+# Expert sums reorder many products; judge by the share of elements within tolerance.
+_MOE = Comparator(
+    "matched_ratio",
+    {
+        "float32": Tolerance(atol=1e-4, rtol=1e-4, min_ratio=0.999),
+        "bfloat16": Tolerance(atol=2e-2, rtol=2e-2, min_ratio=0.99),
+        "float16": Tolerance(atol=3e-3, rtol=3e-3, min_ratio=0.99),
+    },
+)
+
+MOE_FUSED_EXPERTS = SlotSpec(
+    name="moe.fused_experts",
+    kind="block",
+    entry="fused_experts",
+    args=("x", "topk_ids", "topk_weights", "prepared", "out"),
+    inputs=(
+        TensorSpec("x", ("T", "H")),
+        TensorSpec("w13", ("E", "2*I", "H"), init="fan_in"),
+        TensorSpec("w2", ("E", "H", "I"), init="fan_in"),
+        TensorSpec("topk_ids", ("T", "K"), dtype="int32", init="topk_ids"),
+        TensorSpec("topk_weights", ("T", "K"), dtype="float32", init="topk_weights"),
+    ),
+    outputs=(TensorSpec("out", ("T", "H")),),
+    scalars=_no_scalars,
+    scalar_names=(),
+    reference=references.fused_experts,
+    reference_id="cacheon.contract.references.fused_experts@float64",
+    comparator=_MOE,
+    dtypes=FLOAT_DTYPES,
+    shapes=(
+        ShapeCase({"T": 1, "E": 8, "K": 2, "H": 256, "I": 128}),
+        ShapeCase({"T": 7, "E": 8, "K": 2, "H": 512, "I": 256}),
+        ShapeCase({"T": 64, "E": 16, "K": 4, "H": 256, "I": 384}),
+    ),
+    token_dim="T",
+    graph_dynamic=("x", "topk_ids", "topk_weights"),
+    graph_safe=False,
+    summary="Σ_k w_tk · W2[e](silu(g) ⊙ u), [g; u] = W13[e] x_t; prepare(w13, w2) runs once on raw weights",
+    prepare_inputs=("w13", "w2"),
+)
+
+_COLLECTIVE = Comparator(
+    "allclose",
+    {
+        "float32": Tolerance(atol=1e-5, rtol=1e-5),
+        "bfloat16": Tolerance(atol=1.6e-2, rtol=1.6e-2),
+    },
+)
+
+ALL_REDUCE = SlotSpec(
+    name="collective.all_reduce",
+    kind="collective",
+    entry="all_reduce",
+    args=("x", "out", "group"),
+    inputs=(TensorSpec("x", ("T", "H"), per_rank=True),),
+    outputs=(TensorSpec("out", ("T", "H")),),
+    scalars=_no_scalars,
+    scalar_names=(),
+    reference=references.all_reduce,
+    reference_id="cacheon.contract.references.all_reduce@float64",
+    comparator=_COLLECTIVE,
+    dtypes=("float32", "bfloat16"),
+    shapes=(ShapeCase({"T": 1, "H": 1024}), ShapeCase({"T": 7, "H": 2880}), ShapeCase({"T": 128, "H": 1024})),
+    token_dim="T",
+    graph_dynamic=("x",),
+    graph_safe=False,
+    summary="out = Σ_ranks x (every rank receives the full sum); group is the harness-owned process group",
+)
+
+AR_RESIDUAL_RMSNORM = SlotSpec(
+    name="collective.ar_residual_rmsnorm",
+    kind="collective",
+    entry="ar_residual_rmsnorm",
+    args=("x", "residual", "weight", "eps", "out_norm", "out_residual", "group"),
+    inputs=(
+        TensorSpec("x", ("T", "H"), per_rank=True),
+        TensorSpec("residual", ("T", "H")),
+        TensorSpec("weight", ("H",), init="near_one"),
+    ),
+    outputs=(TensorSpec("out_norm", ("T", "H")), TensorSpec("out_residual", ("T", "H"))),
+    scalars=_rmsnorm_scalars,
+    scalar_names=("eps",),
+    reference=references.ar_residual_rmsnorm,
+    reference_id="cacheon.contract.references.ar_residual_rmsnorm@float64",
+    comparator=_COLLECTIVE,
+    dtypes=("float32", "bfloat16"),
+    shapes=(ShapeCase({"T": 1, "H": 1024}), ShapeCase({"T": 7, "H": 2880}), ShapeCase({"T": 128, "H": 1024})),
+    token_dim="T",
+    graph_dynamic=("x", "residual"),
+    graph_safe=False,
+    summary="s = Σ_ranks x + residual; out_residual = s; out_norm = rmsnorm(s) * weight",
+)
+
+SLOTS: Mapping[str, SlotSpec] = {
+    s.name: s
+    for s in (
+        SILU_AND_MUL,
+        RMSNORM,
+        ATTENTION_SDPA,
+        ATTENTION_DECODE,
+        MOE_FUSED_EXPERTS,
+        ALL_REDUCE,
+        AR_RESIDUAL_RMSNORM,
+    )
+}
 
 
 def get_slot(name: str) -> SlotSpec:

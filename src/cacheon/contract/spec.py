@@ -37,6 +37,7 @@ class TensorSpec:
     shape: tuple[str, ...]
     dtype: str = "act"
     init: str = "normal"
+    per_rank: bool = False  # collectives: each rank holds its own partial (else replicated)
 
     def resolve_shape(self, dims: Mapping[str, int]) -> tuple[int, ...]:
         return tuple(eval_dim(expr, dims) for expr in self.shape)
@@ -45,7 +46,10 @@ class TensorSpec:
         return DTYPES[act if self.dtype == "act" else self.dtype]
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "init": self.init}
+        described = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "init": self.init}
+        if self.per_rank:
+            described["per_rank"] = True
+        return described
 
 
 @dataclass(frozen=True)
@@ -117,9 +121,16 @@ class SlotSpec:
     graph_dynamic: tuple[str, ...]
     graph_safe: bool
     summary: str
+    #: inputs handed once to the bundle's ``prepare`` entry; its result is passed as ``prepared``
+    prepare_inputs: tuple[str, ...] = ()
 
     def signature(self) -> str:
         return f"{self.entry}({', '.join(self.args)})"
+
+    @property
+    def static_inputs(self) -> tuple[str, ...]:
+        """Inputs that stay fixed across graph replays and refill trials (weights, not activations)."""
+        return tuple(t.name for t in self.inputs if t.name not in self.graph_dynamic)
 
     def requires_graph_proof(self) -> bool:
         """``op`` slots always need CUDA-graph replay proof; ``block`` slots when declared graph-safe."""
@@ -144,6 +155,7 @@ class SlotSpec:
             "graph_dynamic": list(self.graph_dynamic),
             "graph_safe": self.graph_safe,
             "summary": self.summary,
+            "prepare": f"prepare({', '.join(self.prepare_inputs)})" if self.prepare_inputs else None,
         }
 
 

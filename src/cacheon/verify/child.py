@@ -10,6 +10,7 @@ claims from an untrusted process that can only make a verdict worse, never bette
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import traceback
 from multiprocessing.connection import Connection
@@ -48,8 +49,11 @@ def _layout(tensor: Any) -> tuple[Any, ...]:
 class _Session:
     """State of one candidate across calls: buffers reused on refill, so a pointer-keyed cache is caught."""
 
-    def __init__(self, entry: Any, device: str) -> None:
+    def __init__(self, entry: Any, prepare: Any, group: Any, device: str) -> None:
         self.entry = entry
+        self.prepare = prepare
+        self.group = group
+        self.prepared: Any = None
         self.device = torch.device(device)
         self.inputs: dict[str, Any] = {}
         self.outputs: dict[str, Any] = {}
@@ -60,16 +64,20 @@ class _Session:
             torch.cuda.synchronize(self.device)
 
     def _load_inputs(self, tensors: dict[str, Any], refill: bool) -> list[str]:
-        problems = []
+        """Fresh buffers, or (refill) new values copied into the existing ones. A refill must change
+        at least one input, or a replay would prove nothing; that is reported as a harness problem."""
+        changed = False
         for name, value in tensors.items():
             if refill and name in self.inputs:
                 previous = self.inputs[name].clone()
                 self.inputs[name].copy_(value)
-                if torch.equal(previous, self.inputs[name]):
-                    problems.append(f"refilled input {name} did not change (harness)")
+                changed = changed or not torch.equal(previous, self.inputs[name])
             else:
                 self.inputs[name] = value.to(self.device).contiguous()
-        return problems
+                changed = True
+        if refill and tensors and not changed:
+            return [f"harness: refilled inputs {sorted(tensors)} did not change"]
+        return []
 
     def _alloc_outputs(self, layout: dict[str, list[Any]], refill: bool) -> None:
         for name, (shape, dtype) in layout.items():
@@ -77,8 +85,14 @@ class _Session:
                 self.outputs[name] = torch.empty(shape, dtype=channel.dtype_of(dtype), device=self.device)
             _poison(self.outputs[name])
 
+    def _prepare(self, names: list[str] | None) -> None:
+        """Run the bundle's ``prepare`` once per set of weights (not per call)."""
+        if names:
+            self.prepared = self.prepare(*[self.inputs[n] for n in names])
+            self._sync()
+
     def _args(self, names: list[str], scalars: dict[str, Any]) -> list[Any]:
-        pool = {**self.inputs, **self.outputs, **scalars}
+        pool = {**self.inputs, **self.outputs, **scalars, "prepared": self.prepared, "group": self.group}
         return [pool[n] for n in names]
 
     def _collect(self, before: dict[str, tuple[Any, ...]]) -> dict[str, Any]:
@@ -104,6 +118,7 @@ class _Session:
         before = {n: _layout(t) for n, t in self.outputs.items()}
         self._sync()
         try:
+            self._prepare(msg.get("prepare"))
             self.entry(*self._args(msg["args"], msg["scalars"]))
             self._sync()
         except Exception:
@@ -117,8 +132,9 @@ class _Session:
         self._load_inputs(msg["inputs"], refill=False)
         self.outputs = {}
         self._alloc_outputs(msg["outputs"], refill=False)
-        args = self._args(msg["args"], msg["scalars"])
         try:
+            self._prepare(msg.get("prepare"))
+            args = self._args(msg["args"], msg["scalars"])
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
@@ -151,21 +167,43 @@ class _Session:
         return "result", result
 
 
-def serve(conn: Connection, bundle_dir: str, op: Any, device: str) -> None:
-    """Child main loop. ``op`` is a manifest ``OpEntry``."""
+def _init_group(rank: int, world: int, init_method: str, device: str) -> Any:
+    """The harness owns the process group; the candidate only receives it."""
+    import torch.distributed as dist
+
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
+    return dist.new_group(list(range(world)))
+
+
+def serve(conn: Connection, bundle_dir: str, op: Any, device: str, setup: dict[str, Any]) -> None:
+    """Child main loop. ``op`` is a manifest ``OpEntry``; ``setup`` carries the log path, the
+    limits and, for collectives, ``rank``/``world``/``init_method``."""
+    from cacheon.verify.sandbox import confine
+
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # Triton kernels run on CPU through the interpreter
-    os.chdir(tempfile.mkdtemp(prefix="cacheon-child-"))
+    private = tempfile.mkdtemp(prefix="cacheon-child-")
+    isolation = confine(private, setup["log"], setup["limits"])
+    # Bytecode comes only from the scanned sources: a shipped __pycache__/*.pyc (which the scan and
+    # the digest ignore) is never looked at, because the cache lives in a private prefix.
+    sys.pycache_prefix = os.path.join(private, "pycache")
     try:
+        group = None
+        if "rank" in setup:
+            group = _init_group(setup["rank"], setup["world"], setup["init_method"], device)
         from cacheon.bundle.loader import load_entry
 
         entry = load_entry(Path(bundle_dir), op)
+        prepare = load_entry(Path(bundle_dir), op, op.prepare) if op.prepare else None
     except BaseException:
         conn.send_bytes(channel.encode(["import_error", traceback.format_exc(limit=8)]))
         return
-    session = _Session(entry, device)
+    session = _Session(entry, prepare, group, device)
     handlers = {"call": session.call, "capture": session.capture, "replay": session.replay}
-    conn.send_bytes(channel.encode(["ready", None]))
+    conn.send_bytes(channel.encode(["ready", isolation]))
     while True:
         kind, msg = channel.decode(conn.recv_bytes())
         if kind == "stop":

@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import signal
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from cacheon.bundle.manifest import OpEntry
 from cacheon.verify import channel, child
+from cacheon.verify.sandbox import Limits
 
 MAX_MESSAGE_BYTES = 1 << 31
 
@@ -29,15 +31,21 @@ class ChildFailure(Exception):
 class CandidateProcess:
     """One spawned child serving one op entry; every exchange is bounded by ``timeout`` seconds."""
 
-    def __init__(self, bundle_dir: Path, op: OpEntry, device: str, timeout: float) -> None:
+    def __init__(
+        self, bundle_dir: Path, op: OpEntry, device: str, timeout: float, limits: Limits, rank: dict | None = None
+    ) -> None:
         ctx = mp.get_context("spawn")
         self._conn, child_end = ctx.Pipe(duplex=True)
+        self._logdir = tempfile.TemporaryDirectory(prefix="cacheon-log-")
+        self.log_path = Path(self._logdir.name) / "candidate.log"
+        setup = {"log": str(self.log_path), "limits": limits, **(rank or {})}
         self._proc = ctx.Process(
             target=child.serve,
-            args=(child_end, str(Path(bundle_dir).resolve()), op, device),
+            args=(child_end, str(Path(bundle_dir).resolve()), op, device, setup),
             name=f"cacheon-candidate-{op.slot}",
         )
         self._timeout = timeout
+        self.isolation: dict[str, Any] = {}
         self._proc.start()
         child_end.close()
 
@@ -48,18 +56,31 @@ class CandidateProcess:
         self.close()
 
     def wait_ready(self, timeout: float) -> None:
-        kind, payload = self._receive(timeout)
+        kind, payload = self.receive(timeout)
         if kind != "ready":
             raise ChildFailure("import_error", str(payload))
+        self.isolation = payload if isinstance(payload, dict) else {}
 
     def request(self, kind: str, message: dict[str, Any]) -> tuple[str, Any]:
+        self.send(kind, message)
+        return self.receive(self._timeout)
+
+    def send(self, kind: str, message: dict[str, Any]) -> None:
         try:
             self._conn.send_bytes(channel.encode([kind, message]))
         except (BrokenPipeError, ConnectionResetError, EOFError):
             raise ChildFailure("crashed", self._exit_description()) from None
-        return self._receive(self._timeout)
 
-    def _receive(self, timeout: float) -> tuple[str, Any]:
+    def output_tail(self, limit: int = 4000) -> str:
+        """What the candidate printed (untrusted text, for the report only)."""
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-limit:].decode("utf-8", "replace")
+
+    def receive(self, timeout: float | None = None) -> tuple[str, Any]:
+        timeout = self._timeout if timeout is None else timeout
         try:
             if not self._conn.poll(timeout):
                 self.kill()
@@ -97,3 +118,4 @@ class CandidateProcess:
             self._proc.join(5)
         self.kill()
         self._conn.close()
+        self._logdir.cleanup()

@@ -43,6 +43,8 @@ class OpReport:
     graph: str = "not_required"
     cases: list[CaseResult] = field(default_factory=list)
     detail: str = ""
+    isolation: dict[str, Any] = field(default_factory=dict)  # what confinement the child applied
+    candidate_output: str = ""  # what the candidate printed: untrusted text, shown, never parsed
 
 
 @dataclass

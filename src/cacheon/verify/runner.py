@@ -2,11 +2,11 @@
 
 For every op of a bundle: spawn an isolated child, and for each dtype and case (registered shapes
 plus a seeded token-count jitter) run two trials: fresh buffers, then the *same* buffers refilled
-with new values (a result cached by shape or pointer fails the second). The parent keeps its own
-copy of every input, computes the float64 reference from it, and judges the child's raw outputs:
-storage identity, input immutability, finiteness, then the slot's comparator. On CUDA, op slots
-(and graph-safe blocks) are also captured into a CUDA graph and replayed with fresh inputs and
-poisoned outputs.
+with new graph-dynamic values (a result cached by shape or pointer fails the second). The parent
+keeps its own copy of every input, computes the float64 reference from it, and judges the child's
+raw outputs: storage identity, input immutability, finiteness, then the slot's comparator. On
+CUDA, op slots (and graph-safe blocks) are also captured into a CUDA graph and replayed with fresh
+inputs and poisoned outputs. Collective slots run at the real world size (see ``collective``).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import torch
 
 from cacheon.bundle.manifest import Manifest, OpEntry
 from cacheon.contract.catalog import get_slot
-from cacheon.contract.inputs import derive_seed, jitter_case, make_inputs, output_layout
+from cacheon.contract.inputs import derive_seed, jitter_case, make_inputs, output_layout, refresh_dynamic
+from cacheon.contract.profiles import Profile, apply_profile
 from cacheon.contract.spec import ShapeCase, SlotSpec
 from cacheon.errors import CacheonError, UsageError
-from cacheon.verify.compare import compare
 from cacheon.verify.isolation import CandidateProcess, ChildFailure
+from cacheon.verify.judge import Judgement, judge, last_line
 from cacheon.verify.report import CaseResult, OpReport, VerifyReport, combine
-
-TRIALS = 2  # fresh buffers, then refilled buffers
+from cacheon.verify.sandbox import Limits
 
 
 class InfrastructureError(CacheonError):
@@ -44,9 +44,13 @@ class VerifyOptions:
     import_timeout: float = 120.0
     graph_replays: int = 3
     keep_going: bool = False
+    world_size: int | None = None  # collectives; None means the default of 2
+    profile: Profile | None = None
 
 
+Emit = Callable[[CaseResult], None]
 Progress = Callable[[OpReport, CaseResult], None]
+DEFAULT_WORLD_SIZE = 2
 
 
 def check_device(device: str) -> None:
@@ -78,35 +82,38 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
+def limits_for(device: str, collective: bool) -> Limits:
+    return Limits(address_space_bytes=None if device == "cuda" else Limits.address_space_bytes, network=collective)
+
+
 def verify_bundle(
     bundle_dir: Path, manifest: Manifest, digest: str, options: VerifyOptions, progress: Progress | None = None
 ) -> VerifyReport:
     check_device(options.device)
+    slots = [get_slot(op.slot) for op in manifest.ops]
+    if options.world_size is not None and not any(s.kind == "collective" for s in slots):
+        raise UsageError("--world-size applies to collective slots only; this bundle has none")
     ops = [_verify_op(bundle_dir, op, options, progress) for op in manifest.ops]
     verdict, reason = combine(ops)
+    env = environment(options.device)
+    if options.profile is not None:
+        env["model_profile"] = options.profile.key
     return VerifyReport(
         bundle_id=manifest.bundle_id,
         bundle_digest=digest,
         device=options.device,
         seed=options.seed,
         ops=ops,
-        environment=environment(options.device),
+        environment=env,
         verdict=verdict,
         reason=reason,
     )
 
 
-def _cases(slot: SlotSpec, seed: int) -> Iterator[ShapeCase]:
+def cases(slot: SlotSpec, seed: int) -> Iterator[ShapeCase]:
     for i, case in enumerate(slot.shapes):
         yield case
         yield jitter_case(slot, case, derive_seed(seed, slot.name, "jitter", i))
-
-
-def _eager_plan(slot: SlotSpec, dtypes: list[str], seed: int) -> Iterator[tuple[str, ShapeCase, int]]:
-    for dtype in dtypes:
-        for case in _cases(slot, seed):
-            for trial in range(TRIALS):
-                yield dtype, case, trial
 
 
 def _dtypes(slot: SlotSpec, op: OpEntry, requested: tuple[str, ...]) -> list[str]:
@@ -118,6 +125,8 @@ def _dtypes(slot: SlotSpec, op: OpEntry, requested: tuple[str, ...]) -> list[str
 
 def _verify_op(bundle_dir: Path, op: OpEntry, options: VerifyOptions, progress: Progress | None) -> OpReport:
     slot = get_slot(op.slot)
+    if options.profile is not None:
+        slot = apply_profile(slot, options.profile)
     report = OpReport(slot=slot.name, entry=op.entry, source=op.source, mode=slot.comparator.mode)
     dtypes = _dtypes(slot, op, options.dtypes)
     if not dtypes:
@@ -130,105 +139,97 @@ def _verify_op(bundle_dir: Path, op: OpEntry, options: VerifyOptions, progress: 
             progress(report, result)
 
     try:
-        with CandidateProcess(bundle_dir, op, options.device, options.timeout) as proc:
-            proc.wait_ready(options.import_timeout)
-            for dtype, case, trial in _eager_plan(slot, dtypes, options.seed):
-                emit(_eager_trial(proc, slot, case, dtype, trial, options.seed))
-                if not report.cases[-1].ok and not options.keep_going:
-                    report.detail = "stopped at the first failing case (--keep-going runs every case)"
-                    break
-            graph_ok = _graph_stage(proc, slot, dtypes, options, emit, report)
+        if slot.kind == "collective":
+            from cacheon.verify.collective import run_collective
+
+            graph_ok = run_collective(bundle_dir, op, slot, dtypes, options, emit, report)
+        else:
+            graph_ok = _run_single(bundle_dir, op, slot, dtypes, options, emit, report)
     except ChildFailure as failure:
         report.verdict = "FAIL"
-        report.reason = f"candidate {failure.kind}: {_last_line(failure.detail)}"
+        report.reason = f"candidate {failure.kind}: {last_line(failure.detail)}"
         report.detail = failure.detail
         return report
     except (OSError, RuntimeError) as exc:  # spawning or pickling failed: the harness, not the candidate
         raise InfrastructureError(f"verification harness failed for {slot.name}: {exc}") from exc
+    _conclude(report, slot, graph_ok)
+    return report
 
+
+def _conclude(report: OpReport, slot: SlotSpec, graph_ok: bool) -> None:
     failed = [c for c in report.cases if not c.ok]
     if failed:
         first = failed[0]
         report.verdict = "FAIL"
-        report.reason = f"{len(failed)} of {len(report.cases)} cases run failed; first: {first.stage} {first.dtype} " \
-            f"{first.shape}: {first.failures[0].splitlines()[0]}"
+        report.reason = (
+            f"{len(failed)} of {len(report.cases)} cases run failed; first: {first.stage} {first.dtype} "
+            f"{first.shape} #{first.trial}: {first.failures[0].splitlines()[0]}"
+        )
     elif slot.requires_graph_proof() and not graph_ok:
         report.verdict = "NUMERICAL_PASS"
         report.reason = f"numerics match on every case; CUDA-graph replay proof not run ({report.graph})"
     else:
         report.reason = f"{len(report.cases)} cases matched the float64 reference"
-    return report
 
 
-def _judge(
-    slot: SlotSpec, case: ShapeCase, dtype: str, inputs: dict[str, torch.Tensor], kind: str, payload: Any
-) -> tuple[list[str], float | None, float | None, dict[str, float]]:
-    """The parent's judgement of one raw child answer; returns failures and error figures."""
-    if kind == "raised":
-        return [f"entry raised: {_last_line(payload)}"], None, None, {}
-    if not (kind == "result" and isinstance(payload, dict) and _has_result_shape(payload)):
-        return ["the candidate process returned a malformed result"], None, None, {}
-    failures = [str(v) for v in [*payload["harness"], *payload["violations"]]]
-    for name, original in inputs.items():
-        after = payload["inputs_after"].get(name)
-        if not isinstance(after, torch.Tensor) or after.shape != original.shape or not torch.equal(after, original):
-            failures.append(f"input {name} was modified by the candidate (inputs are read-only)")
-    reference = slot.reference(inputs, slot.scalars(case))
-    tol = slot.comparator.tolerance(dtype)
-    max_abs = max_rel = None
-    metric: dict[str, float] = {}
-    for name, (shape, out_dtype) in output_layout(slot, case, dtype).items():
-        got = payload["outputs"].get(name)
-        if not isinstance(got, torch.Tensor) or tuple(got.shape) != shape or got.dtype != out_dtype:
-            failures.append(f"output {name}: missing or wrong shape/dtype")
-            continue
-        result = compare(slot.comparator.mode, tol, got, reference[name])
-        max_abs, max_rel, metric = result.max_abs_err, result.max_rel_err, result.metric
-        if not result.ok:
-            failures.append(f"output {name}: {result.detail}")
-    return failures, max_abs, max_rel, metric
-
-
-def _last_line(text: Any) -> str:
-    lines = str(text).strip().splitlines()
-    return lines[-1] if lines else "(no message)"
-
-
-def _has_result_shape(payload: dict) -> bool:
-    return (
-        isinstance(payload.get("outputs"), dict)
-        and isinstance(payload.get("inputs_after"), dict)
-        and isinstance(payload.get("violations"), list)
-        and isinstance(payload.get("harness"), list)
-    )
-
-
-def _message(slot: SlotSpec, case: ShapeCase, dtype: str, inputs: dict[str, torch.Tensor], refill: bool) -> dict:
-    return {
-        "inputs": inputs,
+def message(slot: SlotSpec, case: ShapeCase, dtype: str, inputs: dict[str, torch.Tensor], refill: bool) -> dict:
+    """A call: on refill only the graph-dynamic inputs travel (static ones stay in their buffers)."""
+    sent = {n: inputs[n] for n in slot.graph_dynamic} if refill else inputs
+    msg: dict[str, Any] = {
+        "inputs": sent,
         "outputs": output_layout(slot, case, dtype),
         "scalars": slot.scalars(case),
         "args": list(slot.args),
         "refill": refill,
     }
+    if slot.prepare_inputs and not refill:
+        msg["prepare"] = list(slot.prepare_inputs)
+    return msg
 
 
-def _eager_trial(
-    proc: CandidateProcess, slot: SlotSpec, case: ShapeCase, dtype: str, trial: int, seed: int
-) -> CaseResult:
-    inputs = make_inputs(slot, case, dtype, derive_seed(seed, slot.name, dtype, case.label(), trial))
-    kind, payload = proc.request("call", _message(slot, case, dtype, inputs, refill=trial > 0))
-    failures, max_abs, max_rel, metric = _judge(slot, case, dtype, inputs, kind, payload)
-    return CaseResult("eager", dtype, case.label(), trial, not failures, max_abs, max_rel, metric, failures)
+def case_result(stage: str, dtype: str, case: ShapeCase, trial: int, verdict: Judgement) -> CaseResult:
+    return CaseResult(
+        stage, dtype, case.label(), trial, verdict.ok, verdict.max_abs_err, verdict.max_rel_err,
+        verdict.metric, verdict.failures,
+    )
+
+
+def _run_single(
+    bundle_dir: Path, op: OpEntry, slot: SlotSpec, dtypes: list[str], options: VerifyOptions, emit: Emit,
+    report: OpReport,
+) -> bool:
+    limits = limits_for(options.device, collective=False)
+    with CandidateProcess(bundle_dir, op, options.device, options.timeout, limits) as proc:
+        try:
+            proc.wait_ready(options.import_timeout)
+            report.isolation = proc.isolation
+            if not _eager_stage(proc, slot, dtypes, options, emit):
+                report.detail = "stopped at the first failing case (--keep-going runs every case)"
+                return False
+            return _graph_stage(proc, slot, dtypes, options, emit, report)
+        finally:
+            report.candidate_output = proc.output_tail()
+
+
+def _eager_stage(proc: CandidateProcess, slot: SlotSpec, dtypes: list[str], options: VerifyOptions, emit: Emit) -> bool:
+    """Returns False when it stopped early at a failure."""
+    for dtype in dtypes:
+        for case in cases(slot, options.seed):
+            inputs: dict[str, torch.Tensor] = {}
+            for trial in range(2):
+                fresh = make_inputs(slot, case, dtype, derive_seed(options.seed, slot.name, dtype, case.label(), trial))
+                inputs = refresh_dynamic(slot, inputs, fresh) if trial else fresh
+                kind, payload = proc.request("call", message(slot, case, dtype, inputs, refill=trial > 0))
+                reference = slot.reference(inputs, slot.scalars(case))
+                verdict = judge(slot, case, dtype, inputs, reference, kind, payload)
+                emit(case_result("eager", dtype, case, trial, verdict))
+                if not verdict.ok and not options.keep_going:
+                    return False
+    return True
 
 
 def _graph_stage(
-    proc: CandidateProcess,
-    slot: SlotSpec,
-    dtypes: list[str],
-    options: VerifyOptions,
-    emit: Callable[[CaseResult], None],
-    report: OpReport,
+    proc: CandidateProcess, slot: SlotSpec, dtypes: list[str], options: VerifyOptions, emit: Emit, report: OpReport
 ) -> bool:
     """CUDA-graph capture + poisoned replays; returns whether the proof ran and passed."""
     if not slot.requires_graph_proof():
@@ -253,26 +254,20 @@ def _graph_stage(
 
 
 def _graph_case(
-    proc: CandidateProcess,
-    slot: SlotSpec,
-    case: ShapeCase,
-    dtype: str,
-    options: VerifyOptions,
-    emit: Callable[[CaseResult], None],
+    proc: CandidateProcess, slot: SlotSpec, case: ShapeCase, dtype: str, options: VerifyOptions, emit: Emit
 ) -> bool:
     inputs = make_inputs(slot, case, dtype, derive_seed(options.seed, slot.name, dtype, case.label(), "capture"))
-    kind, payload = proc.request("capture", _message(slot, case, dtype, inputs, refill=False))
+    kind, payload = proc.request("capture", message(slot, case, dtype, inputs, refill=False))
     if kind != "captured":
-        emit(CaseResult("graph", dtype, case.label(), 0, False, failures=[f"capture raised: {_last_line(payload)}"]))
+        emit(case_result("graph", dtype, case, 0, Judgement([f"capture raised: {last_line(payload)}"])))
         return False
     for replay in range(1, options.graph_replays + 1):
         seed = derive_seed(options.seed, slot.name, dtype, case.label(), "replay", replay)
-        fresh = make_inputs(slot, case, dtype, seed)
-        inputs = {n: (fresh[n] if n in slot.graph_dynamic else t) for n, t in inputs.items()}
-        dynamic = {n: inputs[n] for n in slot.graph_dynamic}
-        kind, payload = proc.request("replay", {"inputs": dynamic})
-        failures, max_abs, max_rel, metric = _judge(slot, case, dtype, inputs, kind, payload)
-        emit(CaseResult("graph", dtype, case.label(), replay, not failures, max_abs, max_rel, metric, failures))
-        if failures:
+        inputs = refresh_dynamic(slot, inputs, make_inputs(slot, case, dtype, seed))
+        kind, payload = proc.request("replay", {"inputs": {n: inputs[n] for n in slot.graph_dynamic}})
+        verdict = judge(slot, case, dtype, inputs, slot.reference(inputs, slot.scalars(case)), kind, payload)
+        emit(case_result("graph", dtype, case, replay, verdict))
+        if not verdict.ok:
             return False
     return True
+

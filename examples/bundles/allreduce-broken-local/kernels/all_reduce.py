@@ -1,0 +1,5 @@
+import torch
+
+
+def all_reduce(x: torch.Tensor, out: torch.Tensor, group) -> None:
+    out.copy_(x)

@@ -1,0 +1,176 @@
+"""The cheat corpus (examples/adversarial) and the verification-depth examples: each verdict and
+reason asserted through the real CLI, plus the runtime layer proven with the scan bypassed."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cacheon.bundle.digest import bundle_digest
+from cacheon.bundle.manifest import load_manifest
+from cacheon.verify.runner import VerifyOptions, verify_bundle
+from tests.conftest import EXAMPLES, REPO
+
+ADVERSARIAL = REPO / "examples" / "adversarial"
+
+# bundle -> (exit code, verdict, reason text); CPU verdicts (graph cheats need CUDA: scripts/gpu_check.sh)
+EXPECTED = {
+    "cache-by-pointer": (2, "FAIL", "#1: output out"),
+    "out-strides": (2, "FAIL", "shape/stride/dtype changed"),
+    "returns-nan": (2, "FAIL", "non-finite values"),
+    "low-precision": (2, "FAIL", "eager float32"),
+    "detects-harness-env": (2, "FAIL", "[forbidden-import] import of os"),
+    "detects-harness-gc": (2, "FAIL", "[reflection]"),
+    "patches-allclose": (2, "FAIL", "[module-patch]"),
+    "patches-tensor-eq": (2, "FAIL", "[module-patch]"),
+    "forges-verdict": (2, "FAIL", "candidate output (untrusted)"),
+    "graph-stale-replay": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),
+}
+
+
+def test_every_adversarial_bundle_has_an_expectation():
+    assert {p.name for p in ADVERSARIAL.iterdir()} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_adversarial_verdict(cli, name):
+    code, verdict, text = EXPECTED[name]
+    result = cli("verify", str(ADVERSARIAL / name), "--dtype", "float32")
+    out = result.stdout + result.stderr
+    assert result.returncode == code, out
+    assert verdict in out.rstrip().splitlines()[-1], out
+    assert text in out, out
+
+
+@pytest.mark.parametrize("name", ["patches-allclose", "patches-tensor-eq", "detects-harness-env", "detects-harness-gc"])
+def test_runtime_layer_holds_without_the_scan(name):
+    """Library call without admission: the child's tricks cannot reach the parent's judgement."""
+    root = ADVERSARIAL / name
+    report = verify_bundle(root, load_manifest(root), bundle_digest(root), VerifyOptions(dtypes=("float32",)))
+    assert report.verdict == "FAIL", report.reason
+    assert "elements outside tolerance" in report.reason or "non-finite" in report.reason
+
+
+def test_forged_output_is_shown_as_untrusted_and_ignored(cli):
+    report = json.loads(cli("verify", str(ADVERSARIAL / "forges-verdict"), "--json").stdout)
+    assert report["verdict"] == "FAIL"
+    assert '{"verdict": "PASS"}' in report["ops"][0]["candidate_output"]
+
+
+def test_isolation_is_reported(cli):
+    report = json.loads(cli("verify", str(EXAMPLES / "silu-torch"), "--dtype", "float32", "--json").stdout)
+    isolation = report["ops"][0]["isolation"]
+    assert isolation["environment"] == "scrubbed" and isolation["cwd"] == "private"
+    assert isolation["network"].startswith(("isolated", "not isolated"))
+    assert int(isolation["open_files"]) <= 1024
+
+
+DEPTH = {
+    "allreduce-torch": (0, "PASS", "cases matched"),
+    "allreduce-broken-local": (2, "FAIL", "rank 0: output out"),
+    "allreduce-broken-fp16": (2, "FAIL", "eager float32"),
+    "ar-rmsnorm-torch": (0, "PASS", "cases matched"),
+    "ar-rmsnorm-broken-no-residual": (2, "FAIL", "output out_norm"),
+    "decode-torch": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),
+    "decode-broken-ignores-lens": (2, "FAIL", "elements outside tolerance"),
+    "moe-torch": (0, "PASS", "cases matched"),
+    "moe-broken-unweighted": (2, "FAIL", "matched ratio"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEPTH))
+def test_depth_example_verdict(cli, name):
+    code, verdict, text = DEPTH[name]
+    result = cli("verify", str(EXAMPLES / name), "--dtype", "float32")
+    out = result.stdout + result.stderr
+    assert result.returncode == code, out
+    assert out.rstrip().splitlines()[-1].startswith(verdict + " "), out
+    assert text in out, out
+
+
+def test_collective_world_size_three_and_refusals(cli, tmp_path):
+    result = cli("verify", str(EXAMPLES / "allreduce-torch"), "--dtype", "float32", "--world-size", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ops"][0]["isolation"]["world_size"] == 3
+    for args, text in [
+        (("--world-size", "1"), "needs at least 2 ranks"),
+        (("--world-size", "2", "--device", "cuda"), "no CUDA device"),
+    ]:
+        refused = cli("verify", str(EXAMPLES / "allreduce-torch"), *args)
+        assert refused.returncode == 1 and text in refused.stderr, refused.stderr
+    other = cli("verify", str(EXAMPLES / "silu-torch"), "--world-size", "2")
+    assert other.returncode == 1 and "collective slots only" in other.stderr
+
+
+def test_a_hanging_rank_fails_the_whole_group(cli, tmp_path):
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "manifest.toml").write_text(
+        'bundle_id = "hang"\nabi_version = "cacheon-op-abi-v1"\n[[ops]]\nslot = "collective.all_reduce"\n'
+        'source = "kernels/k.py"\nentry = "all_reduce"\ndtypes = ["float32"]\n'
+    )
+    (tmp_path / "kernels" / "k.py").write_text(
+        "import torch.distributed as dist\n\n\ndef all_reduce(x, out, group):\n"
+        "    out.copy_(x)\n    if dist.get_rank(group) == 0:\n        dist.all_reduce(out, group=group)\n"
+    )
+    result = cli("verify", str(tmp_path), "--timeout", "5")
+    assert result.returncode == 2
+    assert "candidate timeout: rank 0: no answer within 5s" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("bundle", "model", "code"),
+    [("silu-gptoss-torch", "gpt-oss", 0), ("silu-torch", "gpt-oss", 2), ("silu-gptoss-torch", None, 2)],
+)
+def test_model_profile_specialises_the_slot(cli, bundle, model, code):
+    args = ["verify", str(EXAMPLES / bundle), "--dtype", "float32"] + (["--model", model] if model else [])
+    result = cli(*args)
+    assert result.returncode == code, result.stdout + result.stderr
+    if model:
+        assert f"model profile: {model}" in result.stdout
+
+
+def test_unknown_model_profile_lists_the_known_ones(cli):
+    result = cli("verify", str(EXAMPLES / "silu-torch"), "--model", "llama-9")
+    assert result.returncode == 1 and "known profiles: gpt-oss" in result.stderr
+
+
+def test_prepare_is_required_exactly_where_the_slot_has_one(tmp_path):
+    from cacheon.errors import UsageError
+
+    root = Path(tmp_path)
+    (root / "k.py").write_text("def f():\n    pass\n")
+    (root / "manifest.toml").write_text(
+        'bundle_id = "p"\nabi_version = "cacheon-op-abi-v1"\n[[ops]]\nslot = "moe.fused_experts"\nsource = "k.py"\nentry = "f"\n'
+    )
+    with pytest.raises(UsageError, match=r"ops\[0\]\.prepare: missing"):
+        load_manifest(root)
+
+
+def test_candidate_has_no_network_when_the_host_allows_isolation(tmp_path):
+    """Scan bypassed on purpose: the child itself must not reach a server listening on loopback."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "manifest.toml").write_text(
+        'bundle_id = "net"\nabi_version = "cacheon-op-abi-v1"\n[[ops]]\nslot = "activation.silu_and_mul"\n'
+        'source = "kernels/k.py"\nentry = "silu_and_mul"\ndtypes = ["float32"]\n'
+    )
+    (tmp_path / "kernels" / "k.py").write_text(
+        "import socket\nimport torch\n\n\ndef silu_and_mul(x, out):\n"
+        f"    socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n"
+        "    d = x.shape[-1] // 2\n    out.copy_(torch.nn.functional.silu(x[..., :d]) * x[..., d:])\n"
+    )
+    try:
+        report = verify_bundle(tmp_path, load_manifest(tmp_path), bundle_digest(tmp_path), VerifyOptions())
+        network = report.ops[0].isolation.get("network", "")
+        if not network.startswith("isolated"):
+            pytest.skip(f"this host cannot isolate the network: {network}")
+        assert report.verdict == "FAIL" and "entry raised" in report.reason and "unreachable" in report.reason
+        with pytest.raises(TimeoutError):
+            server.accept()
+    finally:
+        server.close()
