@@ -11,11 +11,17 @@ setup: $(STAMP)
 
 # torch: the CPU build, pinned explicitly (an unpinned torch pulls a multi-GB CUDA build).
 # triton: Triton bundles verify on CPU through TRITON_INTERPRET=1.
-$(STAMP): pyproject.toml Makefile
+# Then the real SGLang tiers: the pin (0.5.13.post1, --no-deps plus what its imports need and a
+# named torchvision stand-in), every release of the KV-event interop matrix unpacked side by side
+# under .sglang/, and the pinned Bittensor SDK in its own directory (.chain/).
+$(STAMP): pyproject.toml Makefile scripts/install_sglang_pin.sh scripts/install_sglang_releases.sh scripts/install_chain_pin.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0 triton==3.9.0
 	$(PY) -m pip install -q -e '.[test]'
+	VENV=$(VENV) scripts/install_sglang_pin.sh
+	PYTHON=$(PY) scripts/install_sglang_releases.sh
+	VENV=$(VENV) scripts/install_chain_pin.sh
 	touch $(STAMP)
 
 run: setup
@@ -30,12 +36,13 @@ run: setup
 	@echo; echo "== verify: broken silu_and_mul that drops the SiLU (FAIL, exit 2 expected)"
 	$(CACHEON) verify examples/bundles/silu-broken-no-silu; test $$? -eq 2
 
+# Two workers: most tests drive the real CLI and candidate child processes, which are CPU-bound.
 test: setup
 	$(VENV)/bin/ruff check src tests scripts benchmarks
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2
 
 lint: setup
 	$(VENV)/bin/ruff check src tests scripts benchmarks
 
 clean:
-	rm -rf $(VENV) .sglang build *.egg-info
+	rm -rf $(VENV) .sglang .chain .sglang-pin-ready build src/*.egg-info

@@ -25,6 +25,17 @@ def run_cli(*args: str, timeout: float = 600, env: dict[str, str] | None = None)
     )
 
 
+def write_bundle(root: Path, slot: str, entry: str, source: str, dtypes: str = '["float32"]') -> Path:
+    """A one-op bundle at ``root`` whose kernels/k.py is ``source``."""
+    (root / "kernels").mkdir(parents=True)
+    (root / "manifest.toml").write_text(
+        f'bundle_id = "probe"\nabi_version = "cacheon-op-abi-v1"\n[[ops]]\nslot = "{slot}"\n'
+        f'source = "kernels/k.py"\nentry = "{entry}"\ndtypes = {dtypes}\n'
+    )
+    (root / "kernels" / "k.py").write_text(source)
+    return root
+
+
 @pytest.fixture
 def cli():
     return run_cli

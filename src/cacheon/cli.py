@@ -14,19 +14,23 @@ import sys
 from cacheon import __version__
 from cacheon.errors import CacheonError
 
-# One line per command module; order is the order in ``--help``.
-COMMAND_MODULES = (
-    "cacheon.commands.slots",
-    "cacheon.commands.scan",
-    "cacheon.commands.verify",
-    "cacheon.commands.package",
-    "cacheon.commands.identity",
-    "cacheon.commands.preflight",
-    "cacheon.commands.evidence",
-    "cacheon.commands.pin",
-    "cacheon.commands.release",
-    "cacheon.commands.kv",
-)
+# command -> (module, one-line summary). Only the chosen command's module is imported, so
+# `cacheon slots` does not pay for the gateway's or the ledger's imports. Order = order in --help.
+# The module's register(subparsers) must add a parser with exactly this command name.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "slots": ("cacheon.commands.slots", "list the registered slots and their ABI"),
+    "scan": ("cacheon.commands.scan", "statically admit a bundle (AST and file-tree policy)"),
+    "verify": ("cacheon.commands.verify", "verify a bundle against the trusted float64 references"),
+    "package": ("cacheon.commands.package", "write a deterministic .tar.gz of a bundle and print its digest"),
+    "identity": ("cacheon.commands.identity", "capture this host's runtime identity and its digest"),
+    "preflight": ("cacheon.commands.preflight", "device readiness, static compatibility, what is left to prove"),
+    "evidence": ("cacheon.commands.evidence", "read the evidence ledger for an exact runtime identity"),
+    "pin": ("cacheon.commands.pin", "pin-bump gates: what is proven for a pin's exact identity"),
+    "release": ("cacheon.commands.release", "build, sign and verify Engine release descriptors"),
+    "kv": ("cacheon.commands.kv", "SGLang KV-event wire: listen, predict block hashes, list contracts"),
+    "compat": ("cacheon.commands.compat", "check the installed SGLang against the pin and every seam"),
+    "chain-compat": ("cacheon.commands.chain_compat", "check the installed Bittensor SDK against its pin"),
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,7 +41,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(1, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _selected(argv: list[str]) -> str | None:
+    """The command named on the command line (the first word that is a command), if any."""
+    return next((word for word in argv if word in COMMANDS), None)
+
+
+def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="cacheon",
         description="Cacheon: slots, bundles and verification for an exact SGLang runtime.",
@@ -46,13 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"cacheon {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for name, (module, summary) in COMMANDS.items():
+        if name == selected:
+            importlib.import_module(module).register(sub)
+        else:
+            sub.add_parser(name, help=summary, add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_selected(argv))
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
     if handler is None:

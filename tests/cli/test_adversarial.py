@@ -9,7 +9,7 @@ import pytest
 from cacheon.bundle.digest import bundle_digest
 from cacheon.bundle.manifest import load_manifest
 from cacheon.verify.runner import VerifyOptions, verify_bundle
-from tests.conftest import EXAMPLES, REPO
+from tests.conftest import EXAMPLES, REPO, write_bundle
 
 ADVERSARIAL = REPO / "examples" / "adversarial"
 
@@ -104,14 +104,10 @@ def test_collective_world_size_three_and_refusals(cli, tmp_path):
 
 
 def test_a_hanging_rank_fails_the_whole_group(cli, tmp_path):
-    (tmp_path / "kernels").mkdir()
-    (tmp_path / "manifest.toml").write_text(
-        'bundle_id = "hang"\nabi_version = "cacheon-op-abi-v1"\n[[ops]]\nslot = "collective.all_reduce"\n'
-        'source = "kernels/k.py"\nentry = "all_reduce"\ndtypes = ["float32"]\n'
-    )
-    (tmp_path / "kernels" / "k.py").write_text(
+    write_bundle(
+        tmp_path, "collective.all_reduce", "all_reduce",
         "import torch.distributed as dist\n\n\ndef all_reduce(x, out, group):\n"
-        "    out.copy_(x)\n    if dist.get_rank(group) == 0:\n        dist.all_reduce(out, group=group)\n"
+        "    out.copy_(x)\n    if dist.get_rank(group) == 0:\n        dist.all_reduce(out, group=group)\n",
     )
     result = cli("verify", str(tmp_path), "--timeout", "5")
     assert result.returncode == 2
@@ -154,15 +150,11 @@ def test_candidate_has_no_network_when_the_host_allows_isolation(tmp_path):
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.5)
     port = server.getsockname()[1]
-    (tmp_path / "kernels").mkdir()
-    (tmp_path / "manifest.toml").write_text(
-        'bundle_id = "net"\nabi_version = "cacheon-op-abi-v1"\n[[ops]]\nslot = "activation.silu_and_mul"\n'
-        'source = "kernels/k.py"\nentry = "silu_and_mul"\ndtypes = ["float32"]\n'
-    )
-    (tmp_path / "kernels" / "k.py").write_text(
+    write_bundle(
+        tmp_path, "activation.silu_and_mul", "silu_and_mul",
         "import socket\nimport torch\n\n\ndef silu_and_mul(x, out):\n"
         f"    socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n"
-        "    d = x.shape[-1] // 2\n    out.copy_(torch.nn.functional.silu(x[..., :d]) * x[..., d:])\n"
+        "    d = x.shape[-1] // 2\n    out.copy_(torch.nn.functional.silu(x[..., :d]) * x[..., d:])\n",
     )
     try:
         report = verify_bundle(tmp_path, load_manifest(tmp_path), bundle_digest(tmp_path), VerifyOptions())

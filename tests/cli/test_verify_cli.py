@@ -4,24 +4,11 @@ import json
 import textwrap
 from pathlib import Path
 
-from tests.conftest import EXAMPLES
-
-MANIFEST = """
-bundle_id = "probe"
-abi_version = "cacheon-op-abi-v1"
-[[ops]]
-slot = "activation.silu_and_mul"
-source = "kernels/k.py"
-entry = "silu_and_mul"
-dtypes = ["float32"]
-"""
+from tests.conftest import EXAMPLES, write_bundle
 
 
 def bundle(tmp_path: Path, body: str) -> Path:
-    (tmp_path / "kernels").mkdir(parents=True)
-    (tmp_path / "manifest.toml").write_text(MANIFEST)
-    (tmp_path / "kernels" / "k.py").write_text(textwrap.dedent(body))
-    return tmp_path
+    return write_bundle(tmp_path, "activation.silu_and_mul", "silu_and_mul", textwrap.dedent(body))
 
 
 def test_json_report_carries_verdict_cases_digest_and_environment(cli):

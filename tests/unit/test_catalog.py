@@ -24,7 +24,10 @@ def test_every_slot_declares_the_full_contract():
     for slot in catalog.SLOTS.values():
         described = slot.describe()
         assert described["signature"].startswith(slot.entry + "(")
-        assert set(slot.args) == {t.name for t in (*slot.inputs, *slot.outputs)} | set(slot.scalar_names)
+        tensors = {t.name for t in (*slot.inputs, *slot.outputs)}
+        harness_values = {"group"} if slot.kind == "collective" else set()
+        harness_values |= {"prepared"} if slot.prepare_inputs else set()
+        assert set(slot.args) == (tensors - set(slot.prepare_inputs)) | set(slot.scalar_names) | harness_values
         assert slot.shapes and slot.dtypes and slot.graph_dynamic
         for dtype in slot.dtypes:
             slot.comparator.tolerance(dtype)

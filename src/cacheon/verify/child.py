@@ -115,11 +115,19 @@ class _Session:
         if not refill:
             self.outputs = {}
         self._alloc_outputs(msg["outputs"], refill)
-        before = {n: _layout(t) for n, t in self.outputs.items()}
         self._sync()
-        try:
+
+        def call_entry() -> None:
             self._prepare(msg.get("prepare"))
             self.entry(*self._args(msg["args"], msg["scalars"]))
+
+        return self._run(call_entry, harness)
+
+    def _run(self, action: Any, harness: list[str]) -> tuple[str, Any]:
+        """Run ``action`` (the candidate), then report the outputs and the layout checks."""
+        before = {n: _layout(t) for n, t in self.outputs.items()}
+        try:
+            action()
             self._sync()
         except Exception:
             return "raised", traceback.format_exc(limit=8)
@@ -156,15 +164,7 @@ class _Session:
         harness = self._load_inputs(msg["inputs"], refill=True)
         for tensor in self.outputs.values():
             _poison(tensor)
-        before = {n: _layout(t) for n, t in self.outputs.items()}
-        try:
-            self.graph.replay()
-            self._sync()
-        except Exception:
-            return "raised", traceback.format_exc(limit=8)
-        result = self._collect(before)
-        result["harness"] = harness
-        return "result", result
+        return self._run(self.graph.replay, harness)
 
 
 def _init_group(rank: int, world: int, init_method: str, device: str) -> Any:

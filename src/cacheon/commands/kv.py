@@ -1,0 +1,228 @@
+"""``cacheon kv``: listen to a worker's KV events, predict block hashes, list wire contracts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+
+from cacheon.commands._output import print_json
+from cacheon.errors import UsageError
+from cacheon.gateway import contracts
+from cacheon.gateway.hashing import page_hashes
+from cacheon.gateway.subscriber import Delivery, Subscriber, rank_endpoint
+from cacheon.gateway.wire import WireDecoder, WireReject, event_json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "kv",
+        help="SGLang KV events: listen, predict block hashes, list wire contracts",
+        description="Work with the KV events SGLang workers publish over ZMQ.",
+    )
+    kv = p.add_subparsers(dest="kv_command", metavar="SUBCOMMAND", parser_class=type(p))
+    p.set_defaults(handler=lambda _args: _missing(p))
+
+    listen = kv.add_parser(
+        "listen",
+        help="subscribe to one DP rank and print each batch (decoded or rejected)",
+        description="Dial ENDPOINT's port + RANK (SGLang's per-rank ports), decode each batch under the "
+        "chosen contract and print it. Without --contract/--sglang-version, classify instead: try every "
+        "contract on each batch and print which accept it. Exit 0 when COUNT batches decoded cleanly, "
+        "2 when any was rejected, 1 on timeout.",
+    )
+    listen.add_argument("endpoint", metavar="ENDPOINT", help="the worker's base PUB endpoint, tcp://HOST:PORT")
+    which = listen.add_mutually_exclusive_group()
+    which.add_argument("--contract", metavar="ID", help="decode under this contract id")
+    which.add_argument("--sglang-version", metavar="V", help="decode under the contract covering version V")
+    listen.add_argument("--rank", type=int, default=0, metavar="N", help="DP rank (port offset), default 0")
+    listen.add_argument("--replay", metavar="ENDPOINT", help="the worker's base replay (ROUTER) endpoint")
+    listen.add_argument("--topic", default="", help="ZMQ topic prefix to subscribe to (default: all)")
+    listen.add_argument(
+        "--count", type=int, default=1, metavar="N", help="stop after N batches (0: until --timeout or Ctrl-C)"
+    )
+    listen.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
+    listen.add_argument("--json", action="store_true", help="one JSON object per line")
+    listen.set_defaults(handler=run_listen)
+
+    hash_ = kv.add_parser(
+        "hash",
+        help="predict the block hashes SGLang publishes for a token list",
+        description="Print SGLang's unsalted page-hash chain for the tokens' full pages, one signed int64 "
+        "per line (bit-exact with get_hash_str/hash_str_to_int64 at the pin).",
+    )
+    hash_.add_argument("--page-size", type=int, required=True, metavar="P")
+    hash_.add_argument("tokens", nargs="*", metavar="TOKEN", help="token ids")
+    hash_.add_argument("--tokens-file", type=Path, help="a JSON array or whitespace-separated token ids")
+    hash_.set_defaults(handler=run_hash)
+
+    listing = kv.add_parser("contracts", help="list the KV-event wire contracts")
+    listing.add_argument("--json", action="store_true", help="print the registry as JSON")
+    listing.add_argument(
+        "--ledger", metavar="PATH", help="evidence ledger whose complete_engine passes promote contracts "
+        "to validated (default: $CACHEON_LEDGER, else the user's ledger)"
+    )
+    listing.set_defaults(handler=run_contracts)
+
+
+def _missing(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 1
+
+
+def _registry(ledger_path: str | None) -> tuple[contracts.WireContract, ...]:
+    """Promotion comes from the ledger: only a real engine's pass makes a contract ``validated``.
+    No ledger yet means no evidence yet; a ledger named with --ledger must exist."""
+    from cacheon.evidence.ledger import LEDGER_ENV, Ledger, default_ledger_path
+    from cacheon.evidence.promotion import validated_contracts
+
+    path = Path(ledger_path or os.environ.get(LEDGER_ENV) or default_ledger_path())
+    if not path.exists():
+        if ledger_path:
+            raise UsageError(f"no ledger at {path}")
+        return contracts.CONTRACTS
+    with Ledger.open(path, create=False) as ledger:
+        validated = validated_contracts(ledger, {c.id: c.versions for c in contracts.CONTRACTS})
+    return contracts.promoted(validated)
+
+
+def run_contracts(args: argparse.Namespace) -> int:
+    registry = _registry(args.ledger)
+    if args.json:
+        print_json({"contracts": [c.describe() for c in registry]})
+        return 0
+    print(f"{'CONTRACT':<20}{'SGLANG':<24}{'ENCODING':<14}{'REPLAY':<11}{'HASHES':<10}PROMOTION")
+    for c in registry:
+        hashes = "checked" if c.hash_checked else "declared"
+        print(f"{c.id:<20}{', '.join(c.versions):<24}{c.encoding:<14}{c.replay_framing:<11}{hashes:<10}{c.promotion}")
+        print(f"{'':<20}{c.summary}")
+    return 0
+
+
+def run_hash(args: argparse.Namespace) -> int:
+    words = list(args.tokens)
+    if args.tokens_file is not None:
+        try:
+            text = args.tokens_file.read_text()
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.tokens_file}: {exc.strerror}") from None
+        try:
+            words += json.loads(text) if text.lstrip().startswith("[") else text.split()
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{args.tokens_file} is not a JSON array: {exc}") from None
+    if not words:
+        raise UsageError("give token ids as arguments or with --tokens-file")
+    try:
+        tokens = [w if isinstance(w, int) else int(w) for w in words]
+        hashes = page_hashes(tokens, args.page_size)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    for h in hashes:
+        print(h)
+    return 0
+
+
+def run_listen(args: argparse.Namespace) -> int:
+    if args.count < 0 or args.rank < 0:
+        raise UsageError("--count and --rank must be >= 0")
+    if args.contract is not None:
+        return _decode(args, contracts.by_id(args.contract))
+    if args.sglang_version is not None:
+        return _decode(args, contracts.for_version(args.sglang_version))
+    if args.replay:
+        raise UsageError("--replay needs --contract or --sglang-version (replay framing differs by release)")
+    return _classify(args)
+
+
+def _decode(args: argparse.Namespace, contract: contracts.WireContract) -> int:
+    seen = {"batches": 0, "rejects": 0}
+
+    def show(d: Delivery) -> None:
+        seen["batches"] += 1
+        if d.reject is not None:
+            seen["rejects"] += 1
+            _emit(args.json, {"seq": d.seq, "reject": d.reject.reason, "detail": d.reject.detail})
+        elif d.batch is not None:
+            events = [event_json(e) for e in d.batch.events]
+            _emit(args.json, {"seq": d.seq, "rank": d.batch.rank, "events": events})
+
+    subscriber = Subscriber(on_delivery=show)
+    try:
+        subscriber.add_worker("worker", args.endpoint, contract, [args.rank], replay_base=args.replay, topic=args.topic)
+        done = _pump(args, lambda: subscriber.poll(0.1), lambda: seen["batches"])
+    finally:
+        counters = subscriber.counters()
+        subscriber.close()
+    print(f"counters: {json.dumps(counters, sort_keys=True)}", file=sys.stderr)
+    return _verdict(args, done, seen["batches"], seen["rejects"])
+
+
+def _classify(args: argparse.Namespace) -> int:
+    decoders = [WireDecoder(c) for c in contracts.CONTRACTS]
+    seen = {"batches": 0, "rejects": 0}
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SUBSCRIBE, args.topic.encode())
+    sock.connect(rank_endpoint(args.endpoint, args.rank))
+
+    def receive_one() -> None:
+        if not sock.poll(100):
+            return
+        frames = sock.recv_multipart()
+        seq = int.from_bytes(frames[1], "big") if len(frames) == 3 and len(frames[1]) == 8 else -1
+        accepted, rejected = [], {}
+        for decoder in decoders:
+            try:
+                decoder.decode(frames[-1], args.rank)
+                accepted.append(decoder.contract.id)
+            except WireReject as reject:
+                rejected[decoder.contract.id] = f"{reject.reason}: {reject.detail}"
+        seen["batches"] += 1
+        seen["rejects"] += not accepted
+        _emit(args.json, {"seq": seq, "rank": args.rank, "accepted_by": accepted, "rejected": rejected})
+
+    try:
+        done = _pump(args, receive_one, lambda: seen["batches"])
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    return _verdict(args, done, seen["batches"], seen["rejects"])
+
+
+def _pump(args: argparse.Namespace, step: Callable[[], object], received: Callable[[], int]) -> bool:
+    """Run ``step`` until COUNT batches arrived (True) or the timeout passed (False; with
+    ``--count 0`` the timeout is the planned end, so True)."""
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    while args.count == 0 or received() < args.count:
+        if deadline is not None and time.monotonic() >= deadline:
+            return args.count == 0
+        step()
+    return True
+
+
+def _verdict(args: argparse.Namespace, done: bool, batches: int, rejects: int) -> int:
+    if not done:
+        print(f"cacheon kv listen: timed out with {batches} of {args.count} batches", file=sys.stderr)
+        return 1
+    return 2 if rejects else 0
+
+
+def _emit(as_json: bool, record: dict) -> None:
+    if as_json:
+        print(json.dumps(record), flush=True)
+        return
+    if "reject" in record:
+        print(f"seq {record['seq']}: REJECTED {record['reject']}: {record['detail']}", flush=True)
+    elif "accepted_by" in record:
+        verdict = ", ".join(record["accepted_by"]) or "no contract"
+        print(f"seq {record['seq']}: accepted by {verdict}", flush=True)
+    else:
+        kinds = ", ".join(f"{e['type']}[{len(e.get('block_hashes', []))}]" for e in record["events"]) or "-"
+        print(f"seq {record['seq']} rank {record['rank']}: {kinds}", flush=True)

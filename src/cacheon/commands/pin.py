@@ -1,0 +1,136 @@
+"""``cacheon pin status|plan|freeze|step``: pin-bump gates, answered from the ledger per exact identity."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from cacheon.errors import UsageError
+from cacheon.evidence.gates import (
+    GATES,
+    STEP_KEYS,
+    IdentityStatus,
+    candidates,
+    evaluate,
+    record_step,
+)
+from cacheon.evidence.ledger import Ledger, open_ledger
+from cacheon.runtime.identity import Identity, runtime_identity, summary
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("pin", help="pin-bump gates: what is proven for a pin's exact identity")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    status = actions.add_parser("status", help="each gate as met / missing / failed, with its records")
+    status.add_argument("--target", metavar="VERSION", help="SGLang version (default: this host's identity)")
+    status.add_argument("--identity", metavar="DIGEST", help="only this identity (digest or unique prefix)")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=run_status)
+
+    plan = actions.add_parser("plan", help="the reviewed pin-bump procedure for a version, and what is left")
+    plan.add_argument("--to", required=True, metavar="VERSION")
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(handler=run_plan)
+
+    freeze = actions.add_parser("freeze", help="gate 1: capture this host as the candidate identity")
+    freeze.add_argument("--to", required=True, metavar="VERSION")
+    freeze.add_argument("--note", default="")
+    freeze.set_defaults(handler=run_step, step="freeze")
+
+    step = actions.add_parser(
+        "step", help="record a maintainer step (arena recalibration, identities, migration)"
+    )
+    step.add_argument("step", choices=[k for k in STEP_KEYS if k != "freeze"])
+    step.add_argument("--to", required=True, metavar="VERSION")
+    step.add_argument("--note", default="", help="what was done, where its output lives")
+    step.set_defaults(handler=run_step)
+
+    for action in (status, plan, freeze, step):
+        action.add_argument(
+            "--ledger", metavar="PATH", help="ledger file (default: $CACHEON_LEDGER, else data dir)"
+        )
+
+
+def run_status(args: argparse.Namespace) -> int:
+    with open_ledger(args.ledger, for_write=False) as ledger:
+        identities = _identities(ledger, args.target, args.identity)
+        statuses = [evaluate(ledger, identity) for identity in identities]
+    target = args.target or (identities[0].sglang_version if identities else None)
+    if args.json:
+        print(
+            json.dumps(
+                {"target": target, "identities": [_json(s) for s in statuses]}, indent=2, sort_keys=True
+            )
+        )
+    else:
+        _print_status(target, statuses)
+    return 0 if any(s.all_met for s in statuses) else 2
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    with open_ledger(args.ledger, for_write=False) as ledger:
+        statuses = [evaluate(ledger, identity) for identity in candidates(ledger, args.to)]
+    print(f"pin bump to sglang {args.to}: each gate needs evidence under the candidate's exact identity")
+    for gate in GATES:
+        where = "needs a GPU host" if gate.needs_gpu else "any host of the identity"
+        print(f"  {gate.number} {gate.title}\n      run: {gate.how.replace('VERSION', args.to)}  ({where})")
+    if not statuses:
+        print(
+            f"no identity with sglang {args.to} in the ledger yet: "
+            f"start with `cacheon pin freeze --to {args.to}` on the candidate host"
+        )
+    for status in statuses:
+        left = [r for r in status.results if r.verdict.status != "met"]
+        todo = ", ".join(f"{r.gate.number} ({r.verdict.status})" for r in left) or "none: all gates met"
+        print(f"identity {status.identity.digest}: left: {todo}")
+    return 0
+
+
+def run_step(args: argparse.Namespace) -> int:
+    identity = runtime_identity()
+    with open_ledger(args.ledger, for_write=True) as ledger:
+        record_id = record_step(ledger, identity, args.step, args.to, args.note)
+    print(f"recorded #{record_id}: {args.step} for sglang {args.to} under identity {identity.digest}")
+    return 0
+
+
+def _identities(ledger: Ledger, target: str | None, wanted: str | None) -> list[Identity]:
+    if wanted:
+        identity = ledger.identity(ledger.resolve_identity(wanted))
+        if target and identity.sglang_version != target:
+            raise UsageError(
+                f"identity {identity.digest} runs sglang {identity.sglang_version}, not {target}"
+            )
+        return [identity]
+    if target:
+        return candidates(ledger, target)
+    return [runtime_identity()]
+
+
+def _json(status: IdentityStatus) -> dict:
+    return {
+        "identity": status.identity.digest,
+        "facts": status.identity.facts,
+        "all_met": status.all_met,
+        "gates": [r.to_json() for r in status.results],
+        "other_pins": status.other_pins,
+    }
+
+
+def _print_status(target: str | None, statuses: list[IdentityStatus]) -> None:
+    print(f"pin status for sglang {target or '(none)'}")
+    if not statuses:
+        print(
+            f"  no identity with sglang {target} in the ledger: gate 1 missing "
+            f"(run `cacheon pin freeze --to {target}` on the candidate host)"
+        )
+    for status in statuses:
+        print(f"identity {status.identity.digest}\n  {summary(status.identity.facts)}")
+        for result in status.results:
+            records = " ".join(f"#{r.id}" for r in result.verdict.records)
+            gate, verdict = result.gate, result.verdict
+            tail = f"  [{records}]" if records else ""
+            print(f"  {gate.number} {verdict.status:<8} {gate.title}: {verdict.reason}{tail}")
+        others = ", ".join(f"{version}: {n} records" for version, n in status.other_pins.items()) or "none"
+        print(f"  prior results under other pins (kept with their original pin, never counted): {others}")

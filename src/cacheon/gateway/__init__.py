@@ -1,0 +1,1 @@
+"""The KV-aware gateway: SGLang KV-event contracts, decoders, subscriber, block index, hash prediction."""

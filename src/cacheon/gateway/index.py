@@ -1,0 +1,142 @@
+"""Which (worker, rank) sources hold which KV blocks, and the longest cached prefix of a chain.
+
+One dict maps a block id to a bit mask of the sources holding it, so a prefix query is one
+lookup and one AND per block, however many workers there are, and a block held by one source
+shares that source's bit object. Each source keeps a FIFO of the ids it stored, which bounds
+its inventory (oldest out first) and makes clearing it proportional to its own size. The index
+knows nothing about SGLang versions: it takes store / remove / clear operations on 64-bit ids.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Hashable, Iterable, Sequence
+from itertools import repeat
+
+Operation = tuple[str, Sequence[int]]
+
+
+class BlockIndex:
+    """Block inventory per source with a per-source capacity bound.
+
+    Thread-safe: ``apply`` changes a source under one lock, so a query never sees half a batch.
+    The capacity is a memory safety net: SGLang reports its own evictions as removals, the bound
+    only trims a source whose removals were lost. It counts stores, so a source holds at most
+    ``capacity_per_source`` blocks.
+    """
+
+    def __init__(self, capacity_per_source: int = 1 << 20) -> None:
+        if capacity_per_source < 1:
+            raise ValueError("capacity_per_source must be >= 1")
+        self.capacity_per_source = capacity_per_source
+        self.evictions = 0
+        self._holders: dict[int, int] = {}
+        self._columns: dict[Hashable, int] = {}
+        self._sources: list[Hashable] = []
+        self._bits: list[int] = []
+        self._fifos: list[deque[int]] = []
+        self._counts: list[int] = []
+        self._lock = threading.Lock()
+
+    def apply(self, source: Hashable, ops: Iterable[Operation]) -> None:
+        """Apply one batch's operations for ``source``, in order, as one step."""
+        with self._lock:
+            col = self._column(source)
+            for op, hashes in ops:
+                if op == "store":
+                    self._store(col, hashes)
+                elif op == "remove":
+                    self._remove(col, hashes)
+                elif op == "clear":
+                    self._clear(col)
+                else:
+                    raise ValueError(f"unknown index operation {op!r}")
+
+    def clear(self, source: Hashable) -> None:
+        """Forget everything ``source`` holds (worker restart, unrecoverable gap)."""
+        self.apply(source, [("clear", ())])
+
+    def longest_prefix(self, chain: Sequence[int]) -> dict[Hashable, int]:
+        """For each source holding the chain's first block: how many leading blocks it holds."""
+        out: dict[Hashable, int] = {}
+        with self._lock:
+            masks = map(self._holders.get, chain, repeat(0))
+            alive = next(masks, 0)
+            for depth, held in enumerate(masks, 1):
+                now = alive & held
+                if now != alive:
+                    self._record(alive ^ now, depth, out)
+                    alive = now
+                    if not alive:
+                        break
+            self._record(alive, len(chain), out)
+        return out
+
+    def blocks(self, source: Hashable) -> int:
+        """How many blocks ``source`` holds now."""
+        with self._lock:
+            col = self._columns.get(source)
+            return 0 if col is None else self._counts[col]
+
+    def __len__(self) -> int:
+        """Distinct block ids held by any source."""
+        return len(self._holders)
+
+    def _column(self, source: Hashable) -> int:
+        col = self._columns.get(source)
+        if col is None:
+            col = self._columns[source] = len(self._sources)
+            self._sources.append(source)
+            self._bits.append(1 << col)
+            self._fifos.append(deque())
+            self._counts.append(0)
+        return col
+
+    def _record(self, mask: int, length: int, out: dict[Hashable, int]) -> None:
+        while mask:
+            low = mask & -mask
+            out[self._sources[low.bit_length() - 1]] = length
+            mask ^= low
+
+    def _store(self, col: int, hashes: Sequence[int]) -> None:
+        bit, holders, fifo = self._bits[col], self._holders, self._fifos[col]
+        get = holders.get
+        added = 0
+        for h in hashes:
+            held = get(h)
+            if held is None:
+                holders[h] = bit  # the shared bit object: no new int for a single holder
+            elif held & bit:
+                continue
+            else:
+                holders[h] = held | bit
+            fifo.append(h)
+            added += 1
+        self._counts[col] += added
+        excess = len(fifo) - self.capacity_per_source
+        if excess > 0:
+            before = self._counts[col]
+            self._remove(col, [fifo.popleft() for _ in range(excess)])
+            self.evictions += before - self._counts[col]
+
+    def _remove(self, col: int, hashes: Iterable[int]) -> None:
+        bit, holders = self._bits[col], self._holders
+        get = holders.get
+        removed = 0
+        for h in hashes:
+            held = get(h)
+            if held is None or not held & bit:
+                continue
+            if held == bit:
+                del holders[h]
+            else:
+                holders[h] = held ^ bit
+            removed += 1
+        self._counts[col] -= removed
+
+    def _clear(self, col: int) -> None:
+        fifo = self._fifos[col]  # every block the source holds has an entry here
+        self._remove(col, fifo)
+        fifo.clear()
+        self._counts[col] = 0

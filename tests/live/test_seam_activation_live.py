@@ -1,0 +1,174 @@
+"""Live seam activation: a real SGLang server in the worker image, booted three times on a GPU host.
+
+Unarmed, with an exact bundle, with a broken bundle (``$CACHEON_BUNDLE`` arms it through the
+``sglang.srt.plugins`` entry point in every process, each TP rank included). The exact bundle must
+reproduce the unarmed greedy completion byte for byte; the broken one must change it; receipts from
+every TP rank prove the adapters fired.
+
+Opt-in: ``CACHEON_LIVE_SERVE_TESTS=1`` with ``CACHEON_SERVE_IMAGE`` (SGLang at the pin with cacheon
+installed) and ``CACHEON_SERVE_MODEL`` (a model id, or a host directory mounted read-only at the same
+path). Optional: ``CACHEON_SERVE_GPU`` (docker ``--gpus`` device list, default ``0``, or ``0,1`` for
+TP 2), ``CACHEON_SERVE_TP`` (1 or 2), ``CACHEON_SERVE_BOOT_TIMEOUT_S`` (default 900). Armed with a
+missing prerequisite it fails; it never skips once armed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.runtime.sglang_tier import EXAMPLES
+
+ARMED = os.environ.get("CACHEON_LIVE_SERVE_TESTS") == "1"
+pytestmark = [
+    pytest.mark.live,
+    pytest.mark.skipif(not ARMED, reason="live tier: set CACHEON_LIVE_SERVE_TESTS=1 (GPU host, worker image)"),
+]
+
+PROMPT = "The capital of France is Paris. The capital of Japan is"
+EXACT, BROKEN = "silu-torch", "silu-broken-no-silu"
+SEAM = "activation.SiluAndMul"
+
+
+@dataclass(frozen=True)
+class Serve:
+    image: str
+    model: str
+    gpus: str
+    tp: int
+    boot_timeout_s: int
+
+
+@pytest.fixture(scope="module")
+def serve() -> Serve:
+    missing = [name for name in ("CACHEON_SERVE_IMAGE", "CACHEON_SERVE_MODEL") if not os.environ.get(name)]
+    if missing:
+        pytest.fail(f"CACHEON_LIVE_SERVE_TESTS=1 but {', '.join(missing)} is not set", pytrace=False)
+    if shutil.which("docker") is None:
+        pytest.fail("CACHEON_LIVE_SERVE_TESTS=1 but docker is not on PATH", pytrace=False)
+    tp = int(os.environ.get("CACHEON_SERVE_TP", "1"))
+    if tp not in (1, 2):
+        pytest.fail(f"CACHEON_SERVE_TP must be 1 or 2, got {tp}", pytrace=False)
+    return Serve(
+        image=os.environ["CACHEON_SERVE_IMAGE"],
+        model=os.environ["CACHEON_SERVE_MODEL"],
+        gpus=os.environ.get("CACHEON_SERVE_GPU", "0" if tp == 1 else "0,1"),
+        tp=tp,
+        boot_timeout_s=int(os.environ.get("CACHEON_SERVE_BOOT_TIMEOUT_S", "900")),
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict, timeout: float) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.load(response)
+
+
+def _complete(serve: Serve, bundle: str | None, receipts: Path) -> str:
+    """Boot the image (armed with ``bundle`` or not), wait for health, return one greedy completion."""
+    port = _free_port()
+    name = f"cacheon-live-{os.getpid()}-{port}"
+    command = [
+        "docker",
+        "run",
+        "-d",
+        "--rm",
+        "--name",
+        name,
+        "--gpus",
+        f'"device={serve.gpus}"',
+        "--ipc=host",
+        "-p",
+        f"127.0.0.1:{port}:30000",
+        "-v",
+        f"{receipts}:/cacheon-receipts",
+    ]
+    if Path(serve.model).is_dir():
+        command += ["-v", f"{serve.model}:{serve.model}:ro"]
+    if bundle is not None:
+        command += [
+            "-v",
+            f"{EXAMPLES / bundle}:/cacheon-bundle:ro",
+            "-e",
+            "CACHEON_BUNDLE=/cacheon-bundle",
+            "-e",
+            "CACHEON_RECEIPT_DIR=/cacheon-receipts",
+        ]
+    command += [
+        serve.image,
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        serve.model,
+        "--tp-size",
+        str(serve.tp),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "30000",
+        "--random-seed",
+        "0",
+    ]
+    subprocess.run(command, check=True, capture_output=True, text=True, timeout=300)
+    try:
+        deadline = time.monotonic() + serve.boot_timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            running = subprocess.run(
+                ["docker", "inspect", "-f", "{{.State.Running}}", name], capture_output=True, text=True
+            )
+            if running.stdout.strip() != "true" or time.monotonic() > deadline:
+                logs = subprocess.run(["docker", "logs", "--tail", "60", name], capture_output=True, text=True)
+                pytest.fail(f"server ({bundle or 'unarmed'}) did not become healthy:\n{logs.stdout}{logs.stderr}")
+            time.sleep(5)
+        answer = _post(
+            f"http://127.0.0.1:{port}/generate",
+            {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 32}},
+            timeout=300,
+        )
+        return answer["text"]
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True, text=True)
+
+
+def _fired(receipts: Path) -> list[dict]:
+    return [r for r in map(json.loads, (p.read_text() for p in receipts.glob("*.json"))) if r["seam"] == SEAM]
+
+
+def test_exact_bundle_reproduces_unarmed_and_broken_bundle_changes_it(serve, tmp_path):
+    dirs = {key: tmp_path / key for key in ("unarmed", "exact", "broken")}
+    for path in dirs.values():
+        path.mkdir()
+        path.chmod(0o777)  # the server may run as another user inside the image
+    unarmed = _complete(serve, None, dirs["unarmed"])
+    exact = _complete(serve, EXACT, dirs["exact"])
+    broken = _complete(serve, BROKEN, dirs["broken"])
+    assert exact == unarmed, f"exact bundle changed the completion:\n{unarmed!r}\n{exact!r}"
+    assert broken != unarmed, "the broken bundle did not change the completion: the seam did not fire"
+    assert not _fired(dirs["unarmed"])
+    for key in ("exact", "broken"):
+        fired = [r for r in _fired(dirs[key]) if r["fired"] > 0]
+        # One receipt per scheduler process that ran the layer: every TP rank.
+        assert len({r["pid"] for r in fired}) >= serve.tp, f"{key}: receipts {fired}"
