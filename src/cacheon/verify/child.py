@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from cacheon.verify import channel
+from cacheon.verify.graphs import CandidateRaised, load_backend
 
 POISON_INT = -0x5A5A5A5A
 
@@ -136,27 +137,31 @@ class _Session:
         return "result", result
 
     def capture(self, msg: dict[str, Any]) -> tuple[str, Any]:
-        """Warm up on a side stream, then capture one call into a CUDA graph over fixed buffers."""
+        """Capture one call over fixed buffers with the graph backend. An exception from the
+        candidate's code is its failure; one from the backend itself is an infrastructure error."""
         self._load_inputs(msg["inputs"], refill=False)
         self.outputs = {}
         self._alloc_outputs(msg["outputs"], refill=False)
+
+        def call_entry() -> None:
+            try:
+                self.entry(*self._args(msg["args"], msg["scalars"]))
+            except Exception as exc:
+                raise CandidateRaised(traceback.format_exc(limit=8)) from exc
+
+        self.graph = None
         try:
             self._prepare(msg.get("prepare"))
-            args = self._args(msg["args"], msg["scalars"])
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self.entry(*args)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            self._sync()
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.entry(*args)
-            self._sync()
         except Exception:
-            self.graph = None
             return "raised", traceback.format_exc(limit=8)
+        try:
+            backend = load_backend(msg["backend"])
+            backend.capture(call_entry, self.device)
+        except CandidateRaised as raised:
+            return "raised", str(raised)
+        except Exception:
+            return "infra_error", traceback.format_exc(limit=8)
+        self.graph = backend
         return "captured", None
 
     def replay(self, msg: dict[str, Any]) -> tuple[str, Any]:

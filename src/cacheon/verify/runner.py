@@ -25,6 +25,7 @@ from cacheon.contract.inputs import derive_seed, jitter_case, make_inputs, outpu
 from cacheon.contract.profiles import Profile, apply_profile
 from cacheon.contract.spec import ShapeCase, SlotSpec
 from cacheon.errors import CacheonError, UsageError
+from cacheon.verify.graphs import CUDA_BACKEND
 from cacheon.verify.isolation import CandidateProcess, ChildFailure
 from cacheon.verify.judge import Judgement, judge, last_line
 from cacheon.verify.report import CaseResult, OpReport, VerifyReport, combine
@@ -46,6 +47,13 @@ class VerifyOptions:
     keep_going: bool = False
     world_size: int | None = None  # collectives; None means the default of 2
     profile: Profile | None = None
+    #: ``module:Class`` of the graph backend; only the CUDA one on a CUDA device is a proof. Tests
+    #: inject an emulation to exercise the orchestration on CPU.
+    graph_backend: str = CUDA_BACKEND
+
+    @property
+    def graph_is_proof(self) -> bool:
+        return self.device == "cuda" and self.graph_backend == CUDA_BACKEND
 
 
 Emit = Callable[[CaseResult], None]
@@ -235,7 +243,7 @@ def _graph_stage(
     if not slot.requires_graph_proof():
         report.graph = "not_required"
         return False
-    if options.device != "cuda":
+    if options.device != "cuda" and options.graph_backend == CUDA_BACKEND:
         report.graph = "not_run: CUDA graphs need --device cuda"
         return False
     if options.graph_replays < 1:
@@ -249,6 +257,9 @@ def _graph_stage(
             if not _graph_case(proc, slot, case, dtype, options, emit):
                 report.graph = "failed"
                 return False
+    if not options.graph_is_proof:
+        report.graph = f"emulated ({options.graph_backend}): replays matched, but this is no CUDA-graph proof"
+        return False
     report.graph = f"passed: {options.graph_replays} poisoned replays per case"
     return True
 
@@ -257,7 +268,10 @@ def _graph_case(
     proc: CandidateProcess, slot: SlotSpec, case: ShapeCase, dtype: str, options: VerifyOptions, emit: Emit
 ) -> bool:
     inputs = make_inputs(slot, case, dtype, derive_seed(options.seed, slot.name, dtype, case.label(), "capture"))
-    kind, payload = proc.request("capture", message(slot, case, dtype, inputs, refill=False))
+    kind, payload = proc.request("capture", {**message(slot, case, dtype, inputs, refill=False),
+                                             "backend": options.graph_backend})
+    if kind == "infra_error":
+        raise InfrastructureError(f"graph backend {options.graph_backend} failed: {last_line(payload)}")
     if kind != "captured":
         emit(case_result("graph", dtype, case, 0, Judgement([f"capture raised: {last_line(payload)}"])))
         return False

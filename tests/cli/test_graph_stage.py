@@ -1,0 +1,75 @@
+"""The CUDA-graph stage's orchestration, run on CPU through an injected backend (library calls)."""
+
+import pytest
+
+from cacheon.bundle.digest import bundle_digest
+from cacheon.bundle.manifest import load_manifest
+from cacheon.contract.catalog import SILU_AND_MUL
+from cacheon.verify.runner import InfrastructureError, VerifyOptions, verify_bundle
+from tests.conftest import EXAMPLES, write_bundle
+
+EMULATED = "tests.cli.graph_backends:EmulatedGraphs"
+
+# Correct for the first two calls on each output shape (the eager trials), then a different path:
+# the third call is the capture, so everything after it is what a graph would replay.
+COUNTING = '''
+import torch
+
+_calls: dict = {}
+
+
+def silu_and_mul(x, out):
+    key = tuple(out.shape)
+    _calls[key] = _calls.get(key, 0) + 1
+    if _calls[key] > 2:
+        AFTER_EAGER
+    d = x.shape[-1] // 2
+    out.copy_(torch.nn.functional.silu(x[..., :d]) * x[..., d:])
+'''
+
+
+def verify(root, **options):
+    options = {"dtypes": ("float32",), "graph_backend": EMULATED, **options}
+    return verify_bundle(root, load_manifest(root), bundle_digest(root), VerifyOptions(**options))
+
+
+def test_faithful_bundle_replays_cleanly_but_emulation_is_no_proof():
+    report = verify(EXAMPLES / "silu-torch", graph_replays=2)
+    op = report.ops[0]
+    graph = [c for c in op.cases if c.stage == "graph"]
+    assert len(graph) == 2 * len(SILU_AND_MUL.shapes) and all(c.ok for c in graph)
+    assert report.verdict == "NUMERICAL_PASS"
+    assert op.graph.startswith("emulated") and "no CUDA-graph proof" in op.graph
+
+
+def test_a_replay_that_does_nothing_leaves_poison_and_fails(tmp_path):
+    root = write_bundle(tmp_path, "activation.silu_and_mul", "silu_and_mul", COUNTING.replace("AFTER_EAGER", "return"))
+    report = verify(root)
+    failed = [c for c in report.ops[0].cases if not c.ok]
+    assert report.verdict == "FAIL" and report.ops[0].graph == "failed"
+    assert failed[0].stage == "graph" and "non-finite" in failed[0].failures[0]
+    assert all(c.ok for c in report.ops[0].cases if c.stage == "eager")
+
+
+def test_capture_that_raises_is_the_candidates_failure(tmp_path):
+    source = COUNTING.replace("AFTER_EAGER", "raise RuntimeError('not capturable')")
+    report = verify(write_bundle(tmp_path, "activation.silu_and_mul", "silu_and_mul", source))
+    assert report.verdict == "FAIL"
+    assert "capture raised: RuntimeError: not capturable" in report.reason
+
+
+def test_replays_see_fresh_inputs(tmp_path):
+    """A 'graph' that replays the captured values: the fresh inputs copied in must expose it."""
+    stale = COUNTING.replace(
+        "AFTER_EAGER", "out.copy_(_frozen.setdefault(key, torch.nn.functional.silu(x[..., :x.shape[-1] // 2]) "
+        "* x[..., x.shape[-1] // 2:]))\n        return",
+    ).replace("_calls: dict = {}", "_calls: dict = {}\n_frozen: dict = {}")
+    report = verify(write_bundle(tmp_path, "activation.silu_and_mul", "silu_and_mul", stale))
+    failed = [c for c in report.ops[0].cases if not c.ok]
+    assert failed and failed[0].stage == "graph" and failed[0].trial == 1
+    assert "elements outside tolerance" in failed[0].failures[0]
+
+
+def test_a_broken_backend_is_an_infrastructure_error():
+    with pytest.raises(InfrastructureError, match="graph machinery unavailable"):
+        verify(EXAMPLES / "silu-torch", graph_backend="tests.cli.graph_backends:BrokenGraphs")
