@@ -28,6 +28,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pin": ("cacheon.commands.pin", "pin-bump gates: what is proven for a pin's exact identity"),
     "release": ("cacheon.commands.release", "build, sign and verify Engine release descriptors"),
     "kv": ("cacheon.commands.kv", "SGLang KV-event wire: listen, predict block hashes, list contracts"),
+    "gateway": ("cacheon.commands.gateway", "OpenAI-compatible KV-aware router in front of SGLang workers"),
+    "sim": ("cacheon.commands.sim", "SIMULATED SGLang workers for demos and tests (no model, no GPU)"),
+    "demo": ("cacheon.commands.demo", "run simulated workers and the gateway; compare rr, approx, exact"),
     "compat": ("cacheon.commands.compat", "check the installed SGLang against the pin and every seam"),
     "chain-compat": ("cacheon.commands.chain_compat", "check the installed Bittensor SDK against its pin"),
 }

@@ -1,0 +1,43 @@
+"""``cacheon gateway``: serve the OpenAI-compatible, KV-aware router; check a config file."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gateway", help="OpenAI-compatible KV-aware router in front of SGLang workers",
+                       description="Route OpenAI and SGLang-native requests to SGLang workers: rr, exact or approx.")
+    gw = p.add_subparsers(dest="gateway_command", metavar="SUBCOMMAND", parser_class=type(p))
+    p.set_defaults(handler=lambda _a: (p.print_help(), 1)[1])
+    serve = gw.add_parser("serve", help="serve the gateway (uvicorn)")
+    serve.add_argument("--config", type=Path, required=True, help="YAML or TOML config file")
+    serve.set_defaults(handler=_serve)
+    check = gw.add_parser("check-config", help="validate a config file and its tokenization profiles")
+    check.add_argument("config", type=Path)
+    check.set_defaults(handler=_check)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from cacheon.gateway.config import load
+    from cacheon.gateway.tokenize import Profile
+
+    cfg = load(args.config)
+    for spec in cfg.models.values():
+        Profile(spec)
+    print(f"ok: policy {cfg.policy}, {len(cfg.workers)} worker(s), {len(cfg.models)} model(s)")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from cacheon.gateway.app import build_app
+    from cacheon.gateway.config import load
+
+    cfg = load(args.config)
+    app = build_app(cfg)
+    print(f"cacheon gateway ({cfg.policy}) on http://{cfg.host}:{cfg.port}", flush=True)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False)
+    return 0

@@ -1,0 +1,101 @@
+"""The gateway's view of one worker: what was discovered, what is proven, what is in flight."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from cacheon.gateway.config import WorkerSpec
+from cacheon.gateway.subscriber import Subscriber
+
+# The exact-attestation ladder, in order; exact routing only at READY.
+PENDING, PROFILE_VALIDATED, TOKEN_PARITY_VERIFIED, ENGINE_HASH_ATTESTED, READY, FENCED = (
+    "PENDING", "PROFILE_VALIDATED", "TOKEN_PARITY_VERIFIED", "ENGINE_HASH_ATTESTED", "READY", "FENCED",
+)
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What the worker says about itself (``/server_info`` and ``/model_info``)."""
+
+    version: str
+    model: str
+    page_size: int
+    dp_size: int
+    kv_port: int | None  # None: the worker publishes no KV events
+
+
+class DiscoveryError(Exception):
+    """The worker's self-description is missing or malformed."""
+
+
+async def discover(client: httpx.AsyncClient, url: str, timeout_s: float) -> Discovery:
+    """Ask the worker; the KV port base is dialled on the worker URL's host (DESIGN.md)."""
+    try:
+        info = (await client.get(f"{url}/get_server_info", timeout=timeout_s)).raise_for_status().json()
+        model = (await client.get(f"{url}/get_model_info", timeout=timeout_s)).raise_for_status().json()
+        kv = info.get("kv_events")
+        return Discovery(
+            version=str(info["version"]),
+            model=str(info.get("served_model_name") or model["model_path"]),
+            page_size=int(kv["block_size"] if kv else info.get("page_size") or 1),
+            dp_size=int(kv["dp_size"] if kv else info.get("dp_size") or 1),
+            kv_port=int(kv["endpoint_port_base"]) if kv else None,
+        )
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise DiscoveryError(f"{url}: cannot discover the worker: {exc}") from None
+
+
+@dataclass
+class Worker:
+    """Mutable per-worker state; changed on the event loop, read by the KV thread only via ``feed``."""
+
+    id: str
+    spec: WorkerSpec
+    discovery: Discovery | None = None
+    contract_id: str | None = None
+    state: str = PENDING
+    reason: str | None = None
+    detail: str | None = None
+    state_since: float = field(default_factory=time.time)
+    attested_at: float | None = None
+    healthy: bool = True
+    draining: bool = False
+    in_flight: int = 0
+    failures: int = 0
+    open_until: float = 0.0
+    subscriber: Subscriber | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    seen_resets: int = 0
+    seen_rejects: int = 0
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def kv_host(self) -> str:
+        return urlsplit(self.spec.url).hostname or "127.0.0.1"
+
+    def set_state(self, state: str, reason: str | None = None, detail: str | None = None) -> None:
+        self.state, self.reason, self.detail, self.state_since = state, reason, detail, time.time()
+        if state == READY:
+            self.attested_at = self.state_since
+
+    def available(self, now: float) -> bool:
+        """May take a new request: healthy, not draining, breaker closed."""
+        return self.healthy and not self.draining and now >= self.open_until
+
+    def feed_totals(self) -> dict[str, Any]:
+        return self.subscriber.counters() if self.subscriber else {}
+
+    def last_seq(self) -> dict[int, int | None]:
+        if self.subscriber is None:
+            return {}
+        return {f.rank: None if f.expected is None else f.expected - 1 for f in self.subscriber.feeds}

@@ -1,0 +1,94 @@
+"""The simulator's prefix cache: page-granular radix tree with LRU leaf eviction and a capacity.
+
+Shaped like SGLang's paged ``RadixCache``: keys are full pages, a page is only evictable once it
+has no cached children, and every insert or eviction is reported so it can be published as a
+``BlockStored`` / ``BlockRemoved`` event, one event per page, in SGLang's own hash chain.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cacheon.gateway.hashing import page_hashes
+
+
+@dataclass(frozen=True)
+class StoredPage:
+    block_hash: int
+    parent: int | None
+    tokens: tuple[int, ...]
+
+
+class PrefixCache:
+    """At most ``capacity_tokens`` tokens in full pages of ``page_size``."""
+
+    def __init__(self, page_size: int, capacity_tokens: int) -> None:
+        if capacity_tokens < page_size:
+            raise ValueError("capacity must hold at least one page")
+        self.page_size = page_size
+        self.capacity_pages = capacity_tokens // page_size
+        self._parent: dict[int, int | None] = {}
+        self._children: dict[int, int] = {}
+        self._leaves: OrderedDict[int, None] = OrderedDict()  # LRU order, oldest first
+
+    def __len__(self) -> int:
+        return len(self._parent)
+
+    def match(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens are cached (touches the matched path)."""
+        hits = 0
+        for h in page_hashes(tokens, self.page_size):
+            if h not in self._parent:
+                break
+            hits += 1
+            if h in self._leaves:
+                self._leaves.move_to_end(h)
+        return hits * self.page_size
+
+    def insert(self, tokens: Sequence[int]) -> tuple[list[StoredPage], list[int]]:
+        """Cache ``tokens``' full pages; returns the pages newly stored and the ids evicted."""
+        stored: list[StoredPage] = []
+        evicted: list[int] = []
+        parent: int | None = None
+        chain = page_hashes(tokens, self.page_size)
+        for i, h in enumerate(chain):
+            if h not in self._parent:
+                evicted += self._make_room(protect=set(chain[:i]))
+                if len(self._parent) >= self.capacity_pages:
+                    break
+                self._parent[h] = parent
+                self._children[h] = 0
+                if parent is not None:
+                    self._children[parent] += 1
+                    self._leaves.pop(parent, None)
+                self._leaves[h] = None
+                page = tokens[i * self.page_size : (i + 1) * self.page_size]
+                stored.append(StoredPage(h, parent, tuple(page)))
+            elif h in self._leaves:
+                self._leaves.move_to_end(h)
+            parent = h
+        return stored, evicted
+
+    def clear(self) -> None:
+        self._parent.clear()
+        self._children.clear()
+        self._leaves.clear()
+
+    def _make_room(self, protect: set[int]) -> list[int]:
+        out = []
+        while len(self._parent) >= self.capacity_pages:
+            victim = next((h for h in self._leaves if h not in protect), None)
+            if victim is None:
+                break
+            del self._leaves[victim]
+            parent = self._parent.pop(victim)
+            del self._children[victim]
+            out.append(victim)
+            if parent is not None:
+                self._children[parent] -= 1
+                if self._children[parent] == 0:
+                    self._leaves[parent] = None
+                    self._leaves.move_to_end(parent, last=False)
+        return out

@@ -1,0 +1,137 @@
+"""Start simulated SGLang workers and the gateway as real processes on 127.0.0.1 (demo, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+WAIT_S = 60.0  # generous: a loaded 2-core box
+RELEASES = Path(os.environ.get("SGLANG_RELEASES_DIR", ".sglang"))
+
+
+class ProcessError(RuntimeError):
+    """A simulator or gateway process died or never came up."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_range(n: int) -> int:
+    """``n`` consecutive free ports below Linux's ephemeral range (ZMQ binds them by number)."""
+    for _ in range(100):
+        base = random.randrange(20000, 32000 - n)
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+def _spawn(stack: ExitStack, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    out = stack.enter_context(log.open("wb"))
+    proc = subprocess.Popen([sys.executable, "-m", "cacheon", *args], stdout=out, stderr=subprocess.STDOUT)
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+    stack.callback(stop)
+    return proc
+
+
+def wait_until(check: Any, what: str, timeout_s: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            got = check()
+        except httpx.HTTPError:
+            got = None
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise ProcessError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+class Sim:
+    def __init__(self, stack: ExitStack, tmp: Path, profile: tuple[Path, Path], version: str, *,
+                 page_size: int = 4, dp_size: int = 1, delay_ms: int = 0, fault: str | None = None,
+                 model: str = "demo", capacity_tokens: int = 1 << 16, releases: Path = RELEASES,
+                 ports: tuple[int, int] | None = None) -> None:
+        self.port, self.kv_port = ports or (free_port(), free_range(dp_size))
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / f"sim-{self.port}.log"
+        args = ["sim", "worker", "--port", str(self.port), "--kv-port", str(self.kv_port), "--sglang-version",
+                version, "--releases-dir", str(releases), "--capacity-tokens", str(capacity_tokens),
+                "--page-size", str(page_size), "--dp-size", str(dp_size),
+                "--model", model, "--tokenizer", str(profile[0]), "--chat-template", str(profile[1]),
+                "--bos-token", "<s>", "--delay-ms", str(delay_ms)]
+        self.proc = _spawn(stack, args + (["--fault", fault] if fault else []), self.log)
+
+    def ready(self) -> None:
+        wait_until(lambda: self._up(), f"sim {self.url} (log {self.log})")
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise ProcessError(f"sim exited: {self.log.read_text()}")
+        return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+
+
+class Gateway:
+    def __init__(self, stack: ExitStack, tmp: Path, profile: tuple[Path, Path], policy: str,
+                 workers: list[dict[str, Any]], **extra: Any) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cfg = {"listen": f"127.0.0.1:{self.port}", "policy": policy, "workers": workers,
+               "models": {"demo": {"tokenizer": str(profile[0]), "chat_template": str(profile[1]),
+                                   "bos_token": "<s>"}},
+               "health_interval_s": 0.5, "challenge_timeout_s": 5, **extra}
+        path = tmp / f"gateway-{self.port}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        self.log = tmp / f"gateway-{self.port}.log"
+        self.proc = _spawn(stack, ["gateway", "serve", "--config", str(path)], self.log)
+        wait_until(self._up, f"gateway (log {self.log})")
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise ProcessError(f"gateway exited: {self.log.read_text()}")
+        return httpx.get(f"{self.url}/status", timeout=2).status_code == 200
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        return {w["url"]: w for w in httpx.get(f"{self.url}/status", timeout=5).json()["workers"]}
+
+    def settled(self, urls: list[str]) -> dict[str, dict[str, Any]]:
+        """Wait until every worker is READY or FENCED with a reason, and return the status."""
+        def done() -> dict[str, dict[str, Any]] | None:
+            s = self.status()
+            ok = all(u in s and (s[u]["ladder"]["state"] == "READY" or s[u]["ladder"]["reason"]) for u in urls)
+            return s if ok else None
+
+        return wait_until(done, f"ladder to settle: {json.dumps(self.status())[:2000]}")

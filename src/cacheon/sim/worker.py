@@ -1,0 +1,236 @@
+"""The simulated SGLang worker's HTTP side: SGLang's endpoints, a deterministic fake completion.
+
+It is a simulator, not an engine: it generates no real text. What is real is what a gateway
+depends on: the endpoints and their JSON shapes (0.5.13.post1), the tokenization, a prefix cache
+per DP rank with a capacity, and the KV events that cache publishes. Fault switches make it
+lie in one precise way each, so every rung of the gateway's attestation ladder can be failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+import zlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from cacheon.gateway.tokenize import Profile
+from cacheon.sim.cache import PrefixCache
+from cacheon.sim.publisher import RankPublishers
+
+FAULTS = ("tokenize_drift", "tokenize_500", "no_echo", "wrong_echo", "rank_lie", "geometry_lie", "version_lie")
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    model: str
+    version: str
+    page_size: int
+    dp_size: int
+    kv_port: int
+    capacity_tokens: int
+    delay_s: float = 0.0
+    fault: str | None = None
+
+
+class SimWorker:
+    """State behind the routes: one cache per DP rank, the publishers, counters."""
+
+    def __init__(self, settings: SimSettings, profile: Profile, publishers: RankPublishers | None,
+                 cache: type[PrefixCache] | Any = PrefixCache) -> None:
+        if settings.fault is not None and settings.fault not in FAULTS:
+            raise ValueError(f"unknown fault {settings.fault!r}")
+        if settings.fault == "rank_lie" and settings.dp_size < 2:
+            raise ValueError("rank_lie needs --dp-size 2 or more")
+        self.s, self.profile, self.publishers = settings, profile, publishers
+        self.caches = [cache(settings.page_size, settings.capacity_tokens) for _ in range(settings.dp_size)]
+        self._next_rank = itertools.cycle(range(settings.dp_size))
+        self._ids = itertools.count()
+
+    def server_info(self) -> dict[str, Any]:
+        s, lie = self.s, self.s.fault
+        page = s.page_size + (lie == "geometry_lie")
+        return {
+            "model_path": s.model,
+            "served_model_name": s.model,
+            "page_size": page,
+            "dp_size": s.dp_size,
+            "version": "0.0.0-sim-lie" if lie == "version_lie" else s.version,
+            "simulator": True,
+            "kv_events": {
+                "publisher": "zmq",
+                "endpoint_host": "*",
+                "endpoint_port_base": s.kv_port,
+                "topic": "",
+                "block_size": page,
+                "dp_size": s.dp_size,
+            },
+        }
+
+    def tokenize(self, body: dict[str, Any]) -> list[int]:
+        # SGLang's /v1/tokenize encodes with the tokenizer's own special-token rule (no quirks).
+        ids = self.profile.encode_chat(body["messages"]) if "messages" in body else self.profile.encode(body["prompt"])
+        if self.s.fault == "tokenize_drift" and ids:
+            ids = [*ids[:-1], ids[-1] + 1]
+        return ids
+
+    def prefill_tokens(self, body: dict[str, Any]) -> list[int]:
+        prompt = body.get("prompt", body.get("text", ""))
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if "input_ids" in body:
+            return list(body["input_ids"])
+        if not isinstance(prompt, str):
+            raise ValueError("prompt must be a string or a list of token ids")
+        return self.profile.encode(prompt) if "text" in body else self.profile.encode_completion(prompt)
+
+    def prefill(self, tokens: list[int]) -> int:
+        """Run the cache as a prefill would; returns cached tokens and publishes the changes."""
+        rank = next(self._next_rank)
+        cache = self.caches[rank]
+        cached = cache.match(tokens)
+        stored, removed = cache.insert(tokens)
+        if self.publishers is None or self.s.fault == "no_echo":
+            return cached
+        if self.s.fault == "wrong_echo":
+            stored = [type(p)(p.block_hash ^ 1, p.parent, p.tokens) for p in stored]
+        if self.s.fault == "rank_lie" and len(stored) > 1:
+            half = len(stored) // 2
+            self.publishers.publish(rank, stored[:half], removed, self.s.page_size)
+            self.publishers.publish((rank + 1) % self.s.dp_size, stored[half:], [], self.s.page_size)
+        else:
+            self.publishers.publish(rank, stored, removed, self.s.page_size)
+        return cached
+
+    def words(self, tokens: list[int], n: int) -> list[str]:
+        seed = zlib.crc32(json.dumps(tokens[-64:]).encode())
+        return [f" sim{(seed + i) % 997}" for i in range(n)]
+
+    def request_id(self) -> str:
+        return f"sim-{next(self._ids)}"
+
+
+def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"object": "error", "message": message, "type": "BadRequestError", "code": status}, status)
+
+
+def build_app(sim: SimWorker) -> Starlette:
+    """The Starlette app serving SGLang's endpoints from ``sim``."""
+    s = sim.s
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        if not isinstance(body, dict):
+            raise ValueError("request body must be a JSON object")
+        return body
+
+    async def server_info(_: Request) -> Response:
+        return JSONResponse(sim.server_info())
+
+    async def model_info(_: Request) -> Response:
+        return JSONResponse({"model_path": s.model, "tokenizer_path": s.model, "is_generation": True})
+
+    async def health(_: Request) -> Response:
+        return Response(status_code=200)
+
+    async def models(_: Request) -> Response:
+        card = {"id": s.model, "object": "model", "created": 0, "owned_by": "sglang", "root": s.model}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def tokenize(request: Request) -> Response:
+        if s.fault == "tokenize_500":
+            return _error(500, "simulated tokenizer failure")
+        try:
+            ids = sim.tokenize(await body_of(request))
+        except (ValueError, KeyError) as exc:
+            return _error(400, str(exc))
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": 1 << 20})
+
+    async def generate_openai(request: Request, chat: bool) -> Response:
+        try:
+            body = await body_of(request)
+            tokens = sim.profile.encode_chat(body["messages"]) if chat else sim.prefill_tokens(body)
+        except (ValueError, KeyError, TypeError) as exc:
+            return _error(400, f"bad request: {exc}")
+        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        cached = sim.prefill(tokens)
+        words = sim.words(tokens, n)
+        rid, created, model = sim.request_id(), int(time.time()), body.get("model", s.model)
+        kind = "chat.completion" if chat else "text_completion"
+        usage = _usage(len(tokens), n, cached)
+        if not body.get("stream"):
+            await asyncio.sleep(s.delay_s)
+            text = "".join(words)
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+            choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+            return JSONResponse(
+                {"id": rid, "object": kind, "created": created, "model": model, "choices": [choice], "usage": usage}
+            )
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for i, word in enumerate(words):
+                await asyncio.sleep(s.delay_s / max(n, 1))
+                piece: dict[str, Any] = {"index": 0, "finish_reason": "length" if i == n - 1 else None}
+                piece.update({"delta": {"role": "assistant", "content": word}} if chat else {"text": word})
+                chunk = {"id": rid, "object": f"{kind}.chunk" if chat else kind, "created": created,
+                         "model": model, "choices": [piece]}
+                yield f"data: {json.dumps(chunk)}\n\n".encode()
+            if (body.get("stream_options") or {}).get("include_usage"):
+                tail = {"id": rid, "object": f"{kind}.chunk" if chat else kind, "created": created,
+                        "model": model, "choices": [], "usage": usage}
+                yield f"data: {json.dumps(tail)}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    async def completions(request: Request) -> Response:
+        return await generate_openai(request, chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate_openai(request, chat=True)
+
+    async def generate(request: Request) -> Response:
+        try:
+            body = await body_of(request)
+            tokens = sim.prefill_tokens(body)
+        except (ValueError, KeyError, TypeError) as exc:
+            return _error(400, f"bad request: {exc}")
+        n = int((body.get("sampling_params") or {}).get("max_new_tokens", 16))
+        cached = sim.prefill(tokens)
+        await asyncio.sleep(s.delay_s)
+        meta = {"id": sim.request_id(), "prompt_tokens": len(tokens), "completion_tokens": n, "cached_tokens": cached,
+                "finish_reason": {"type": "length", "length": n}}
+        return JSONResponse({"text": "".join(sim.words(tokens, n)), "meta_info": meta})
+
+    routes = [
+        Route("/server_info", server_info),
+        Route("/get_server_info", server_info),
+        Route("/model_info", model_info),
+        Route("/get_model_info", model_info),
+        Route("/health", health),
+        Route("/health_generate", health),
+        Route("/v1/models", models),
+        Route("/v1/tokenize", tokenize, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/generate", generate, methods=["POST"]),
+    ]
+    return Starlette(routes=routes)

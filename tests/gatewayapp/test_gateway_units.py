@@ -1,0 +1,110 @@
+"""In-process parts of the gateway and the simulator: config, profiles, policies, the sim cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cacheon.errors import UsageError
+from cacheon.gateway.config import WorkerSpec, load
+from cacheon.gateway.hashing import page_hashes
+from cacheon.gateway.index import BlockIndex
+from cacheon.gateway.policy import Approx, Exact
+from cacheon.gateway.tokenize import Profile, ProfileSpec
+from cacheon.gateway.workers import READY, Discovery, Worker
+from cacheon.sim.cache import PrefixCache
+
+
+def _config(tmp_path: Path, text: str, name: str = "gw.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_config_yaml_and_toml_agree(tmp_path: Path, profile: tuple[Path, Path]) -> None:
+    yaml_cfg = load(_config(tmp_path, f"listen: 127.0.0.1:9\npolicy: exact\nworkers:\n  - url: http://127.0.0.1:1/\n"
+                                      f"models:\n  demo: {{tokenizer: {profile[0]}, completions_bos: true, bos_token: '<s>'}}\n"))
+    toml_cfg = load(_config(tmp_path, f'listen = "127.0.0.1:9"\npolicy = "exact"\n[[workers]]\nurl = "http://127.0.0.1:1/"\n'
+                                      f'[models.demo]\ntokenizer = "{profile[0]}"\ncompletions_bos = true\nbos_token = "<s>"\n',
+                                      "gw.toml"))
+    assert yaml_cfg == toml_cfg
+    assert yaml_cfg.workers[0].url == "http://127.0.0.1:1"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("policy: fastest\n", "policy: 'fastest' is not one of rr, exact, approx"),
+        ("policy: rr\nworkers: [{url: 'ftp://x'}]\n", "workers[0].url: 'ftp://x' is not http(s)://HOST:PORT"),
+        ("policy: rr\nworkers: [{url: 'http://x:1', page_size: 0}]\n", "workers[0].page_size: must be >= 1"),
+        ("policy: rr\nworkers: [{url: 'http://x:1', pagesize: 4}]\n", "workers[0]: unknown key(s) pagesize"),
+        ("policy: exact\n", "policy exact tokenizes requests: configure at least one model"),
+        ("listen: nowhere\n", "listen: 'nowhere' is not HOST:PORT"),
+        ("policy: rr\nrequest_timeout_s: true\n", "request_timeout_s: expected"),
+        ("[oops\n", "not valid YAML"),
+    ],
+)
+def test_config_errors_say_where(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        load(_config(tmp_path, text))
+
+
+def test_profile_pins_and_the_bos_quirk(profile: tuple[Path, Path]) -> None:
+    plain = Profile(ProfileSpec(profile[0], profile[1], bos_token="<s>"))
+    quirk = Profile(ProfileSpec(profile[0], profile[1], completions_bos=True, bos_token="<s>"))
+    text = "Routing by prefix"
+    assert quirk.encode_completion(text) == [quirk.bos_id, *plain.encode_completion(text)]
+    chat = plain.render_chat([{"role": "user", "content": "hi"}])
+    assert chat == "<s><|user|>hi</s><|assistant|>"
+    with pytest.raises(UsageError, match="sha256"):
+        Profile(ProfileSpec(profile[0], tokenizer_sha256="0" * 64))
+    assert Profile(ProfileSpec(profile[0], tokenizer_sha256=plain.tokenizer_sha256)).encode(text) == plain.encode(text)
+
+
+def test_sim_cache_publishes_sglang_chain_and_evicts_lru_leaves() -> None:
+    cache = PrefixCache(page_size=2, capacity_tokens=8)
+    stored, evicted = cache.insert([1, 2, 3, 4, 5])
+    assert [p.block_hash for p in stored] == page_hashes([1, 2, 3, 4], 2) and not evicted
+    assert stored[1].parent == stored[0].block_hash and stored[1].tokens == (3, 4)
+    cache.insert([7, 8])
+    assert cache.match([1, 2, 3, 4, 9]) == 4  # touched: now more recent than [7, 8]
+    stored, evicted = cache.insert([9, 9, 9, 9])
+    # Capacity 4 pages: the least recently used leaf ([7, 8]) goes first, never a page on the new path.
+    assert evicted == page_hashes([7, 8], 2)
+    assert len(cache) == 4 and cache.match([1, 2, 3, 4]) == 4
+
+
+def _worker(wid: str, in_flight: int = 0) -> Worker:
+    w = Worker(wid, WorkerSpec(url=f"http://{wid}:1"), discovery=Discovery("0.5.22", "demo", 2, 1, 1))
+    w.state, w.in_flight = READY, in_flight
+    return w
+
+
+def test_exact_prefers_longest_prefix_within_the_load_bound() -> None:
+    index = BlockIndex()
+    tokens = list(range(8))
+    chain = page_hashes(tokens, 2)
+    index.apply(("a", 0), [("store", chain[:1])])
+    index.apply(("b", 0), [("store", chain[:3])])
+    policy = Exact(index, epsilon=0.25, min_prefix_blocks=1)
+    a, b, c = _worker("a"), _worker("b"), _worker("c")
+    assert [policy.choose([a, b, c], tokens)[i] for i in (1, 2)] == ["prefix_hit", 3]
+    assert policy.choose([a, b, c], tokens)[0] is b
+    b.in_flight = 10  # far above (1 + ε) × the mean: skipped for the next best match
+    assert policy.choose([a, b, c], tokens)[:2] == (a, "prefix_hit")
+    assert policy.choose([a, b, c], [99, 98, 97])[:2] == (a, "fallback_miss")
+    b.state = "FENCED"
+    b.in_flight = 0
+    assert policy.choose([b], tokens)[1] == "fallback_not_ready"
+
+
+def test_approx_remembers_where_prefixes_went_within_its_bound() -> None:
+    policy = Approx(epsilon=0.25, min_prefix_blocks=1, max_entries=4, chunk=2)
+    a, b = _worker("a"), _worker("b")
+    first, reason, _ = policy.choose([a, b], [1, 2, 3, 4])
+    assert reason == "fallback_miss"
+    again = policy.choose([a, b], [1, 2, 3, 4, 5, 6])
+    assert again[:3] == (first, "prefix_hit", 2)
+    policy.choose([a, b], [7, 8, 9, 10, 11, 12])  # 3 new nodes: the LRU bound drops the oldest
+    assert policy.choose([a, b], [1, 2])[1] == "fallback_miss"
