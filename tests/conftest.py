@@ -36,6 +36,15 @@ def write_bundle(root: Path, slot: str, entry: str, source: str, dtypes: str = '
     return root
 
 
+def assert_verdict(result: subprocess.CompletedProcess, code: int, verdict: str, text: str) -> None:
+    """A `cacheon verify` run ended with ``code``, its last line names ``verdict``, ``text`` appears."""
+    out = result.stdout + result.stderr
+    assert result.returncode == code, out
+    assert out.rstrip().splitlines()[-1].startswith(verdict + " "), out
+    assert text in out, out
+    assert "Traceback" not in result.stderr
+
+
 @pytest.fixture
 def cli():
     return run_cli

@@ -9,7 +9,7 @@ import pytest
 from cacheon.bundle.digest import bundle_digest
 from cacheon.bundle.manifest import load_manifest
 from cacheon.verify.runner import VerifyOptions, verify_bundle
-from tests.conftest import EXAMPLES, REPO, write_bundle
+from tests.conftest import EXAMPLES, REPO, assert_verdict, write_bundle
 
 ADVERSARIAL = REPO / "examples" / "adversarial"
 
@@ -35,11 +35,7 @@ def test_every_adversarial_bundle_has_an_expectation():
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_adversarial_verdict(cli, name):
     code, verdict, text = EXPECTED[name]
-    result = cli("verify", str(ADVERSARIAL / name), "--dtype", "float32")
-    out = result.stdout + result.stderr
-    assert result.returncode == code, out
-    assert verdict in out.rstrip().splitlines()[-1], out
-    assert text in out, out
+    assert_verdict(cli("verify", str(ADVERSARIAL / name), "--dtype", "float32"), code, verdict, text)
 
 
 @pytest.mark.parametrize("name", ["patches-allclose", "patches-tensor-eq", "detects-harness-env", "detects-harness-gc"])
@@ -81,11 +77,7 @@ DEPTH = {
 @pytest.mark.parametrize("name", sorted(DEPTH))
 def test_depth_example_verdict(cli, name):
     code, verdict, text = DEPTH[name]
-    result = cli("verify", str(EXAMPLES / name), "--dtype", "float32")
-    out = result.stdout + result.stderr
-    assert result.returncode == code, out
-    assert out.rstrip().splitlines()[-1].startswith(verdict + " "), out
-    assert text in out, out
+    assert_verdict(cli("verify", str(EXAMPLES / name), "--dtype", "float32"), code, verdict, text)
 
 
 def test_collective_world_size_three_and_refusals(cli, tmp_path):

@@ -11,7 +11,6 @@ inputs and poisoned outputs. Collective slots run at the real world size (see ``
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from cacheon.contract.inputs import derive_seed, jitter_case, make_inputs, outpu
 from cacheon.contract.profiles import Profile, apply_profile
 from cacheon.contract.spec import ShapeCase, SlotSpec
 from cacheon.errors import CacheonError, UsageError
+from cacheon.runtime.identity import runtime_identity
 from cacheon.verify.graphs import CUDA_BACKEND
 from cacheon.verify.isolation import CandidateProcess, ChildFailure
 from cacheon.verify.judge import Judgement, judge, last_line
@@ -71,22 +71,20 @@ def check_device(device: str) -> None:
 
 
 def environment(device: str) -> dict[str, Any]:
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
+    """The run's facts, taken from the runtime identity capture (one source for versions and GPUs)."""
+    identity = runtime_identity()
+    facts = identity.facts
     env: dict[str, Any] = {
         "device": device,
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "triton": version("triton"),
+        "torch": facts["packages"]["torch"],
+        "torch_cuda": facts["torch_cuda"],
+        "triton": facts["packages"]["triton"],
         "triton_interpret": device == "cpu",
+        "identity": identity.digest,
     }
     if device == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(0)
-        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
+        first = facts["gpu"]["devices"][0]
+        env["gpu"], env["capability"] = first["name"], first["capability"]
     return env
 
 
