@@ -12,7 +12,7 @@ from cacheon.gateway.index import BlockIndex
 IDS = st.sampled_from([0, 1, -1, 7, 2**63 - 1, -(2**63), *range(100, 140)])
 SOURCES = st.sampled_from([("a", 0), ("a", 1), ("b", 0), *[(f"w{i}", 0) for i in range(70)]])
 OPS = st.lists(
-    st.tuples(SOURCES, st.sampled_from(["store", "remove", "clear"]), st.lists(IDS, max_size=12)),
+    st.tuples(SOURCES, st.sampled_from(["store", "remove", "clear", "drop"]), st.lists(IDS, max_size=12)),
     max_size=40,
 )
 
@@ -37,7 +37,10 @@ def test_matches_a_set_model(ops: list, chains: list[list[int]]) -> None:
     for source, op, ids in ops:
         held = model.setdefault(source, set())
         order = fifo.setdefault(source, [])
-        index.apply(source, [(op, ids)])
+        if op == "drop":
+            index.drop(source)
+        else:
+            index.apply(source, [(op, ids)])
         if op == "store":
             for h in ids:
                 if h not in held:
@@ -47,7 +50,7 @@ def test_matches_a_set_model(ops: list, chains: list[list[int]]) -> None:
                 held.discard(order.pop(0))
         elif op == "remove":
             held.difference_update(ids)
-        else:
+        else:  # clear, or drop: the source is gone and a later store starts it afresh
             held.clear()
             order.clear()
     for source, held in model.items():
@@ -63,6 +66,20 @@ def test_a_batch_applies_in_order() -> None:
     assert index.longest_prefix([4]) == {"w": 1}
     assert index.longest_prefix([1]) == {}
     assert index.blocks("w") == 1
+
+
+def test_dropped_columns_are_reused_and_start_empty() -> None:
+    index = BlockIndex()
+    index.apply("keep", [("store", [1, 2])])
+    for i in range(500):  # worker churn: register, index, remove
+        index.apply(f"gone{i}", [("store", [1, 2, 3, 100 + i])])
+        index.drop(f"gone{i}")
+    assert index.sources() == 1
+    assert index._bits[-1] < 1 << 2  # noqa: SLF001 - the point: no column per worker ever seen
+    index.apply("new", [("store", [5])])
+    assert index.longest_prefix([1, 2, 3]) == {"keep": 2}
+    assert index.longest_prefix([5]) == {"new": 1} and index.blocks("new") == 1
+    index.drop("never-seen")  # a no-op, not an error
 
 
 def test_capacity_evicts_oldest_first() -> None:

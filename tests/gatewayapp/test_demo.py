@@ -1,4 +1,4 @@
-"""``cacheon demo`` end to end on a tiny workload: every policy runs live and reports its decisions."""
+"""``cacheon demo`` end to end on a small trace: every policy runs live; exact keeps sessions on their cache."""
 
 from __future__ import annotations
 
@@ -10,14 +10,20 @@ from cacheon.cli import main
 
 pytestmark = pytest.mark.timeout(180)
 
+SESSIONS, TURNS = 8, 4
 
-def test_demo_runs_every_policy(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--workers", "2", "--sessions", "4", "--turns", "3", "--json"]) == 0
+
+def test_demo_exact_beats_round_robin(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["demo", "--workers", "4", "--sessions", str(SESSIONS), "--turns", str(TURNS), "--arrivals", "4", "--json"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
     outcomes = {o["policy"]: o for o in json.loads(out[out.index("[") :])}
+    requests = SESSIONS * TURNS
     assert list(outcomes) == ["rr", "approx", "exact"]
-    assert outcomes["rr"]["reasons"] == {"rr:round_robin": 12}
-    for policy in ("approx", "exact"):
-        assert outcomes[policy]["reasons"].get(f"{policy}:prefix_hit", 0) > 0, outcomes[policy]
-        assert sum(outcomes[policy]["load"].values()) == 12
-    assert all(0 < o["hit_rate"] < 1 for o in outcomes.values())
+    assert outcomes["rr"]["reasons"] == {"rr:round_robin": requests}
+    assert all(sum(o["load"].values()) == requests and 0 < o["hit_rate"] < 1 for o in outcomes.values())
+    exact = outcomes["exact"]
+    # Follow-up turns (3 of 4) carry a private document only the previous turn's worker has cached.
+    assert exact["reasons"].get("exact:prefix_hit", 0) > requests // 2, exact
+    assert exact["hit_rate"] > 1.5 * outcomes["rr"]["hit_rate"], outcomes
+    assert outcomes["approx"]["reasons"].get("approx:prefix_hit", 0) > 0, outcomes["approx"]

@@ -28,14 +28,20 @@ def test_every_ladder_failure_is_reached_and_fenced(tmp_path: Path, profile: tup
     with ExitStack() as stack:
         sims = {f: Sim(stack, tmp_path, profile, "0.5.20", dp_size=2 if f == "rank_lie" else 1, fault=f)
                 for f in EXPECTED}
-        good = Sim(stack, tmp_path, profile, "0.5.20", dp_size=2)
-        for s in [*sims.values(), good]:
+        good = Sim(stack, tmp_path, profile, "0.5.20", dp_size=2, replay=True)
+        misconfigured = Sim(stack, tmp_path, profile, "0.5.20", replay=True)
+        for s in [*sims.values(), good, misconfigured]:
             s.ready()
         # Geometry given explicitly is checked against what each worker reports.
         workers = [{"url": s.url, "page_size": 4, "kv_port": s.kv_port} for s in [*sims.values(), good]]
+        workers.append({"url": misconfigured.url, "kv_replay_port": misconfigured.replay_port + 7})
         gw = Gateway(stack, tmp_path, profile, "exact", workers, challenge_timeout_s=4)
-        status = gw.settled([s.url for s in [*sims.values(), good]])
+        status = gw.settled([s.url for s in [*sims.values(), good, misconfigured]])
         assert status[good.url]["ladder"]["state"] == "READY", status[good.url]
+        # The replay port comes from the worker's own --kv-events-config; a configured one must agree.
+        assert status[good.url]["kv_replay_port"] == good.replay_port
+        assert status[misconfigured.url]["ladder"]["reason"] == "engine_geometry_mismatch"
+        assert "KV replay port base" in status[misconfigured.url]["ladder"]["detail"]
         got = {f: (status[s.url]["ladder"]["state"], status[s.url]["ladder"]["reason"]) for f, s in sims.items()}
         assert got == {f: ("FENCED", reason) for f, reason in EXPECTED.items()}
 
@@ -56,7 +62,8 @@ def test_every_ladder_failure_is_reached_and_fenced(tmp_path: Path, profile: tup
 
 def test_a_restarted_worker_is_fenced_and_attested_again(tmp_path: Path, profile: tuple[Path, Path]) -> None:
     with ExitStack() as stack:
-        first = Sim(stack, tmp_path, profile, "0.5.21")
+        # Page size 1 (SGLang's default on CUDA): the challenge's pages repeat tokens, matched by position.
+        first = Sim(stack, tmp_path, profile, "0.5.21", page_size=1)
         first.ready()
         gw = Gateway(stack, tmp_path, profile, "exact", [{"url": first.url}])
         before = gw.settled([first.url])[first.url]["ladder"]
@@ -64,7 +71,7 @@ def test_a_restarted_worker_is_fenced_and_attested_again(tmp_path: Path, profile
         first.proc.kill()
         first.proc.wait(10)
         # A new process on the same ports: its KV sequence starts over and its cache is empty.
-        again = Sim(stack, tmp_path, profile, "0.5.21", ports=(first.port, first.kv_port))
+        again = Sim(stack, tmp_path, profile, "0.5.21", page_size=1, ports=(first.port, first.kv_port))
         again.ready()
 
         def reattested() -> dict | None:

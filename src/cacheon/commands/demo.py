@@ -11,14 +11,17 @@ from cacheon.errors import UsageError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run SIMULATED workers and the gateway; compare rr, approx, exact",
                        description="Starts N simulated SGLang workers (a simulator: fake completions, real prefix "
-                       "cache and KV events) and the gateway, replays a shared-prefix multi-turn workload under each "
-                       "policy, and prints hit rate, load spread and routing decisions by reason.")
+                       "cache and KV events) and the gateway, replays multi-turn chat sessions over per-session "
+                       "documents (a few shared system prompts) in turn-synchronised waves under each policy, and "
+                       "prints hit rate, load spread and routing decisions by reason.")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--sessions", type=int, default=12)
     p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--arrivals", type=int, default=0, help="new sessions per wave (0: all start at once)")
     p.add_argument("--sglang-version", default="0.5.13.post1")
     p.add_argument("--page-size", type=int, default=4)
     p.add_argument("--capacity-tokens", type=int, default=1 << 16)
+    p.add_argument("--delay-ms", type=int, default=50, help="simulated time per request")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_run)
 
@@ -30,10 +33,13 @@ def _run(args: argparse.Namespace) -> int:
     for_version(args.sglang_version)
     if min(args.workers, args.sessions, args.turns, args.page_size) < 1:
         raise UsageError("workers, sessions, turns and page size must be >= 1")
+    if min(args.arrivals, args.delay_ms) < 0:
+        raise UsageError("arrivals and delay must be >= 0")
     outcomes = demo(args.workers, args.sessions, args.turns, args.sglang_version, args.page_size,
-                    args.capacity_tokens)
+                    args.capacity_tokens, args.delay_ms, arrivals=args.arrivals)
     if args.json:
-        print(json.dumps([{**vars(o), "spread": o.spread} for o in outcomes], indent=2))
+        fields = ("policy", "hit_rate", "load", "reasons", "spread")
+        print(json.dumps([{k: getattr(o, k) for k in fields} for o in outcomes], indent=2))
         return 0
     print(f"{'policy':<8} {'hit rate':>8} {'max/mean load':>14}  requests per worker / decisions")
     for o in outcomes:

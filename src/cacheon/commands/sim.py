@@ -1,12 +1,23 @@
-"""``cacheon sim worker``: a simulated SGLang worker (a simulator, not an engine) for demos and tests."""
+"""``cacheon sim worker``: a simulated SGLang worker (a simulator, not an engine) for demos and tests.
+
+``cacheon sim profile`` writes the worker's built-in tokenizer profile for a gateway to load.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cacheon.errors import UsageError
+from cacheon.sim.tokenizer import BOS_TOKEN
+
+if TYPE_CHECKING:
+    from cacheon.gateway.tokenize import Profile
+
+DEFAULT_MODEL = "sim-model"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,16 +39,48 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--page-size", type=int, default=1)
     w.add_argument("--dp-size", type=int, default=1)
     w.add_argument("--capacity-tokens", type=int, default=1 << 16)
-    w.add_argument("--model", default="sim-model")
-    w.add_argument("--tokenizer", type=Path, required=True, help="tokenizer.json")
-    w.add_argument("--chat-template", type=Path, help="Jinja chat template")
-    w.add_argument("--bos-token", help="BOS token text (needed by --completions-bos)")
+    w.add_argument("--model", default=DEFAULT_MODEL, help="served model name (default: %(default)s)")
+    w.add_argument("--tokenizer", type=Path,
+                   help="tokenizer.json (default: the built-in demo tokenizer, with its chat template and BOS "
+                   f"{BOS_TOKEN}; `cacheon sim profile --out DIR` writes the same files for a gateway)")
+    w.add_argument("--chat-template", type=Path, help="Jinja chat template (without --tokenizer: the built-in one)")
+    w.add_argument("--bos-token", help=f"BOS token text (without --tokenizer: {BOS_TOKEN})")
     w.add_argument("--completions-bos", action="store_true", help="prepend BOS on /v1/completions, as some models do")
     w.add_argument("--prefix-cache", choices=("builtin", "sglang"), default="builtin",
                    help="builtin LRU radix cache, or the pinned SGLang's own RadixCache (imports torch: slow start)")
     w.add_argument("--delay-ms", type=float, default=0.0, help="simulated time per request")
     w.add_argument("--fault", help="lie in one way: " + ", ".join(_faults()))
     w.set_defaults(handler=_worker)
+    pr = sim.add_parser("profile", help="write the built-in tokenizer profile and print its gateway config (YAML)",
+                        description="Writes the simulated worker's built-in tokenizer.json and template.jinja "
+                        "(byte-identical in every process) and prints the models entry a gateway config needs "
+                        "to tokenize as a worker started without --tokenizer does.")
+    pr.add_argument("--out", type=Path, required=True, help="directory for tokenizer.json and template.jinja")
+    pr.add_argument("--model", default=DEFAULT_MODEL, help="model name the workers serve (default: %(default)s)")
+    pr.set_defaults(handler=_profile)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    import yaml
+
+    from cacheon.sim.tokenizer import gateway_model, write_profile
+
+    tokenizer, template = write_profile(args.out)
+    print(yaml.safe_dump({"models": {args.model: gateway_model(tokenizer, template)}}, sort_keys=False), end="")
+    return 0
+
+
+def _load_profile(args: argparse.Namespace) -> Profile:
+    """The worker's tokenizer profile: the given files, or the built-in one (trained into a temp dir, loaded)."""
+    from cacheon.gateway.tokenize import Profile, ProfileSpec
+    from cacheon.sim.tokenizer import write_profile
+
+    if args.tokenizer is not None:
+        return Profile(ProfileSpec(args.tokenizer, args.chat_template, args.completions_bos, args.bos_token))
+    with tempfile.TemporaryDirectory(prefix="cacheon-sim-profile-") as tmp:
+        tokenizer, template = write_profile(Path(tmp))
+        spec = ProfileSpec(tokenizer, args.chat_template or template, args.completions_bos, args.bos_token or BOS_TOKEN)
+        return Profile(spec)  # reads both files now: the directory can go
 
 
 def _faults() -> tuple[str, ...]:
@@ -50,7 +93,6 @@ def _worker(args: argparse.Namespace) -> int:
     import uvicorn
 
     from cacheon.gateway.contracts import for_version
-    from cacheon.gateway.tokenize import Profile, ProfileSpec
     from cacheon.sim.publisher import RankPublishers, load_release_kv_events
     from cacheon.sim.worker import FAULTS, SimSettings, SimWorker, build_app
 
@@ -59,10 +101,10 @@ def _worker(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown fault {args.fault!r} (known: {', '.join(FAULTS)})")
     if args.page_size < 1 or args.dp_size < 1 or args.capacity_tokens < args.page_size:
         raise UsageError("need page size >= 1, dp size >= 1 and capacity >= one page")
-    profile = Profile(ProfileSpec(args.tokenizer, args.chat_template, args.completions_bos, args.bos_token))
+    profile = _load_profile(args)
     settings = SimSettings(
         args.model, args.sglang_version, args.page_size, args.dp_size, args.kv_port, args.capacity_tokens,
-        args.delay_ms / 1000, args.fault,
+        args.delay_ms / 1000, args.fault, args.kv_replay_port,
     )
     try:
         if args.prefix_cache == "sglang":
@@ -74,7 +116,8 @@ def _worker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     kv = load_release_kv_events(args.releases_dir, args.sglang_version)
-    sim.publishers = RankPublishers(kv, args.kv_port, args.dp_size, args.kv_replay_port)
-    print(f"SIMULATED SGLang {args.sglang_version} worker on http://{args.host}:{args.port}", flush=True)
+    sim.publishers = RankPublishers(kv, args.sglang_version, settings.kv_events_config, args.dp_size)
+    print(f"SIMULATED SGLang {args.sglang_version} worker on http://{args.host}:{args.port} "
+          f"(tokenizer sha256 {profile.tokenizer_sha256})", flush=True)
     uvicorn.run(build_app(sim), host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0

@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -27,6 +27,7 @@ from cacheon.errors import UsageError
 from cacheon.gateway.attest import Echoes, run_ladder
 from cacheon.gateway.config import GatewayConfig, worker_spec
 from cacheon.gateway.contracts import by_id
+from cacheon.gateway.http import JSON_HEADERS, TRANSPORT_ERRORS, session
 from cacheon.gateway.index import BlockIndex
 from cacheon.gateway.metrics import Metrics
 from cacheon.gateway.policy import Approx, Exact, RoundRobin
@@ -59,10 +60,11 @@ class Gateway:
         self.metrics = Metrics(lambda: [(w.id, w.feed_totals()) for w in list(self.workers.values())])
         self.policy: Any = {
             "rr": lambda: RoundRobin(),
-            "exact": lambda: Exact(self.index, cfg.load_epsilon, cfg.min_prefix_blocks),
-            "approx": lambda: Approx(cfg.load_epsilon, cfg.min_prefix_blocks, cfg.approx_max_entries),
+            "exact": lambda: Exact(self.index, cfg.load_epsilon, cfg.min_prefix_blocks, cfg.min_match_ratio),
+            "approx": lambda: Approx(cfg.load_epsilon, cfg.min_prefix_blocks, cfg.min_match_ratio,
+                                     cfg.approx_max_entries),
         }[cfg.policy]()
-        self.client: httpx.AsyncClient | None = None
+        self.client: aiohttp.ClientSession | None = None
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._attesting: set[str] = set()
@@ -70,8 +72,7 @@ class Gateway:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
-        self.client = httpx.AsyncClient(limits=limits, timeout=self.cfg.request_timeout_s)
+        self.client = session()
         for spec in self.cfg.workers:
             self.add(spec)
         self._spawn(self._health_loop())
@@ -83,7 +84,7 @@ class Gateway:
         for w in self.workers.values():
             self._unsubscribe(w)
         if self.client is not None:
-            await self.client.aclose()
+            await self.client.close()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -125,7 +126,7 @@ class Gateway:
                 return
             self._unsubscribe(worker)
         sub = Subscriber(self.index, lambda d, wid=worker.id: self.echoes.on_delivery(wid, d))
-        replay = worker.spec.kv_replay_port
+        replay = found.replay_port or worker.spec.kv_replay_port
         sub.add_worker(
             worker.id, f"tcp://{worker.kv_host}:{found.kv_port}", by_id(worker.contract_id or ""),
             range(found.dp_size), replay_base=f"tcp://{worker.kv_host}:{replay}" if replay else None,
@@ -143,7 +144,7 @@ class Gateway:
         if worker.thread is not None:
             worker.thread.join(timeout=5)
         for feed in worker.subscriber.feeds:
-            self.index.clear(feed.source)
+            self.index.drop(feed.source)
         worker.subscriber.close()
         worker.subscriber = worker.thread = None
 
@@ -177,8 +178,9 @@ class Gateway:
         """Active health check; restarts, reconnects, rejects and the cadence trigger re-attestation."""
         assert self.client is not None
         try:
-            ok = (await self.client.get(f"{w.url}/health", timeout=2.0)).status_code == 200
-        except httpx.HTTPError:
+            async with self.client.get(f"{w.url}/health", timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+                ok = resp.status == 200
+        except TRANSPORT_ERRORS:
             ok = False
         came_back = ok and not w.healthy
         w.healthy = ok
@@ -216,6 +218,7 @@ class Gateway:
             "draining": w.draining,
             "breaker_open": time.time() < w.open_until,
             "in_flight": w.in_flight,
+            "kv_replay_port": (d.replay_port if d else None) or w.spec.kv_replay_port,
             "indexed_blocks": sum(self.index.blocks((w.id, r)) for r in range(d.dp_size if d else 0)),
             "last_seq": w.last_seq(),
             "rejects": totals.get("rejects", {}),
@@ -223,11 +226,28 @@ class Gateway:
 
     # -- proxy ---------------------------------------------------------------------------
 
-    def tokens(self, kind: str, body: dict[str, Any]) -> list[int] | None:
+    def model_of(self, kind: str, body: dict[str, Any]) -> str | None:
+        """The served model a request is for (None: no profiles, any model goes), or why not.
+
+        SGLang's native ``/generate`` has no ``model`` field: with one configured model it is that
+        one; with several the client names one in ``model``, which is removed before forwarding.
+        """
+        model = body.get("model")
+        if kind == "generate" and model is None:
+            if len(self.profiles) > 1:
+                raise ValueError(f"several models are served ({', '.join(self.profiles)}): name one in 'model'")
+            return next(iter(self.profiles), None)
+        if not isinstance(model, str):
+            raise ValueError("'model' is required and must be a string")
+        if self.profiles and model not in self.profiles:
+            raise UnknownModel(f"The model '{model}' does not exist")
+        return model
+
+    def tokens(self, kind: str, body: dict[str, Any], model: str | None) -> list[int] | None:
         """The request's prompt tokens as the worker will see them; None when not predictable."""
-        if self.cfg.policy == "rr" or not self.profiles:
+        if self.cfg.policy == "rr" or model is None:
             return None
-        profile = self.profiles.get(body.get("model", "")) or next(iter(self.profiles.values()))
+        profile = self.profiles[model]
         if kind == "chat":
             messages = body.get("messages")
             if not isinstance(messages, list):
@@ -247,109 +267,154 @@ class Gateway:
         if w.failures >= self.cfg.breaker_failures:
             w.open_until = time.time() + self.cfg.breaker_open_s
 
+    def _pool(self, model: str | None, tried: set[str]) -> list[Worker]:
+        """Workers that may take this request now: available, untried, serving its model (if known)."""
+        now = time.time()
+        return [w for w in self.workers.values()
+                if w.available(now) and w.id not in tried
+                and (model is None or w.discovery is None or w.discovery.model == model)]
+
     async def proxy(self, request: Request, path: str, kind: str) -> Response:
-        endpoint = path
         try:
             raw = await request.body()
             body = json.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("the request body must be a JSON object")
-            if kind != "generate":
-                model = body.get("model")
-                if not isinstance(model, str):
-                    raise ValueError("'model' is required")
-                if self.profiles and model not in self.profiles:
-                    self.metrics.requests.labels(endpoint, "404").inc()
-                    return oai_error(404, f"The model '{model}' does not exist", code="model_not_found")
-            tokens = self.tokens(kind, body)
+            model = self.model_of(kind, body)
+            if kind == "generate" and "model" in body:
+                del body["model"]
+                raw = json.dumps(body).encode()
+            tokens = self.tokens(kind, body, model)
+        except UnknownModel as exc:
+            self.metrics.requests.labels(path, "404").inc()
+            return oai_error(404, str(exc), code="model_not_found")
         except (ValueError, UsageError) as exc:
-            self.metrics.requests.labels(endpoint, "400").inc()
+            self.metrics.requests.labels(path, "400").inc()
             return oai_error(400, str(exc))
         stream = bool(body.get("stream"))
         tried: set[str] = set()
-        route = None
-        while True:
-            now = time.time()
-            pool = [w for w in self.workers.values() if w.available(now) and w.id not in tried]
-            if not pool:
-                self.metrics.requests.labels(endpoint, "503").inc()
-                return oai_error(503, "no healthy worker can take this request", "service_unavailable")
-            if route is None:
-                worker, reason, depth = self.policy.choose(pool, tokens)
+        last: Response | None = None  # the last upstream 5xx, returned if no worker is left to try
+        while pool := self._pool(model, tried):
+            if not tried:
+                worker, reason, held = self.policy.choose(pool, tokens)
                 self.metrics.decisions.labels(self.policy.name, reason).inc()
-                self.metrics.prefix_hit_blocks.inc(depth)
-                route = f"{self.policy.name}:{reason}"
+                self.metrics.prefix_hit_tokens.inc(held)
             else:
-                worker = min(pool, key=lambda w: w.in_flight)
-                route = f"{self.policy.name}:retry"
-                self.metrics.decisions.labels(self.policy.name, "retry").inc()
+                worker, reason = min(pool, key=lambda w: w.in_flight), "retry"
+                self.metrics.decisions.labels(self.policy.name, reason).inc()
             tried.add(worker.id)
-            headers = {"x-cacheon-worker": worker.url, "x-cacheon-route": route}
-            if stream:
-                response = await self._stream(worker, path, raw, headers)
-            else:
-                call = asyncio.ensure_future(self._call(worker, path, raw, headers))
-                gone = asyncio.ensure_future(_disconnect(request))
-                await asyncio.wait({call, gone}, return_when=asyncio.FIRST_COMPLETED)
-                gone.cancel()
-                if not call.done():  # the client left: cancel the upstream request too
-                    call.cancel()
-                    self.metrics.requests.labels(endpoint, "499").inc()
-                    return Response(status_code=499)
-                response = call.result()
-            if response is not None:
-                self.metrics.requests.labels(endpoint, str(response.status_code)).inc()
-                return response
+            headers = {"x-cacheon-worker": worker.url, "x-cacheon-route": f"{self.policy.name}:{reason}"}
+            try:
+                if stream:
+                    response = await self._stream(worker, path, raw, headers)
+                else:
+                    response = await self._call_unless_gone(request, worker, path, raw, headers)
+            except Retry as retry:
+                last = retry.response or last
+                continue
+            self.metrics.requests.labels(path, str(response.status_code)).inc()
+            return response
+        if last is not None:
+            self.metrics.requests.labels(path, str(last.status_code)).inc()
+            return last
+        self.metrics.requests.labels(path, "503").inc()
+        return oai_error(503, "no healthy worker can take this request", "service_unavailable")
 
-    async def _call(self, w: Worker, path: str, raw: bytes, headers: dict[str, str]) -> Response | None:
-        """Whole response, or None (retry elsewhere) on a transport error or a 5xx."""
+    async def _call_unless_gone(self, request: Request, w: Worker, path: str, raw: bytes,
+                                headers: dict[str, str]) -> Response:
+        """The upstream call, cancelled (and so closed) if the client disconnects first."""
+        call = asyncio.ensure_future(self._call(w, path, raw, headers))
+        gone = asyncio.ensure_future(_disconnect(request))
+        await asyncio.wait({call, gone}, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not call.done():  # the client left: cancelling closes the upstream connection
+            call.cancel()
+            return Response(status_code=499)
+        return call.result()
+
+    async def _call(self, w: Worker, path: str, raw: bytes, headers: dict[str, str]) -> Response:
+        """The whole response; Retry on a transport error, a timeout or a 5xx."""
         assert self.client is not None
         w.in_flight += 1
         try:
-            resp = await self.client.post(f"{w.url}{path}", content=raw, headers={"content-type": "application/json"})
-        except httpx.HTTPError:
+            async with self.client.post(f"{w.url}{path}", data=raw, headers=JSON_HEADERS,
+                                        timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s)) as resp:
+                content, status, upstream = await resp.read(), resp.status, resp.headers
+        except TRANSPORT_ERRORS:
             self._failed(w)
-            return None
+            raise Retry(None) from None
         finally:
             w.in_flight -= 1
-        if resp.status_code >= 500:
+        response = Response(content, status, _passed(upstream, headers))
+        if status >= 500:
             self._failed(w)
-            return None
+            raise Retry(response)
         w.failures = 0
-        keep = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
-        return Response(resp.content, resp.status_code, {**keep, **headers})
+        return response
 
-    async def _stream(self, w: Worker, path: str, raw: bytes, headers: dict[str, str]) -> Response | None:
-        """Chunk-by-chunk passthrough; retry only before the status line reaches the client."""
+    async def _stream(self, w: Worker, path: str, raw: bytes, headers: dict[str, str]) -> Response:
+        """Chunk-by-chunk passthrough; Retry only before the status line reaches the client."""
         assert self.client is not None
         w.in_flight += 1
-        request = self.client.build_request("POST", f"{w.url}{path}", content=raw,
-                                            headers={"content-type": "application/json"})
+        # A stream may run long: the limit is on the gap between chunks, not on the whole.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.request_timeout_s,
+                                        sock_read=self.cfg.request_timeout_s)
+        resp = failed = None
         try:
-            resp = await self.client.send(request, stream=True)
-        except httpx.HTTPError:
+            resp = await self.client.post(f"{w.url}{path}", data=raw, headers=JSON_HEADERS, timeout=timeout)
+            if resp.status >= 500:  # read whole: it may become the answer if no worker is left
+                failed = Response(await resp.read(), resp.status, _passed(resp.headers, headers))
+        except TRANSPORT_ERRORS:
+            resp = None
+        if resp is None or failed is not None:
             w.in_flight -= 1
             self._failed(w)
-            return None
-        if resp.status_code >= 500:
-            await resp.aclose()
-            w.in_flight -= 1
-            self._failed(w)
-            return None
+            raise Retry(failed)
         w.failures = 0
 
-        async def relay() -> AsyncIterator[bytes]:
+        async def chunks() -> AsyncIterator[bytes]:
             try:
-                async for chunk in resp.aiter_raw():
+                async for chunk in resp.content.iter_any():
                     yield chunk
-            except httpx.HTTPError:
+            except TRANSPORT_ERRORS:
                 self.metrics.upstream_errors.labels(w.id).inc()  # mid-stream: too late to retry
-            finally:
-                await resp.aclose()  # a client disconnect lands here and cancels the upstream request
-                w.in_flight -= 1
 
-        keep = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
-        return StreamingResponse(relay(), resp.status_code, {**keep, **headers})
+        def finish() -> None:
+            resp.close()  # closing an unfinished upstream response aborts that request on the worker
+            w.in_flight -= 1
+
+        return _Relay(chunks(), finish, resp.status, _passed(resp.headers, headers))
+
+
+class UnknownModel(ValueError):
+    """The request names a model the gateway has no profile for (HTTP 404, as OpenAI answers)."""
+
+
+class Retry(Exception):
+    """This worker failed before anything reached the client; the 5xx it sent, if any, is kept."""
+
+    def __init__(self, response: Response | None) -> None:
+        super().__init__("retry on another worker")
+        self.response = response
+
+
+def _passed(upstream: Any, ours: dict[str, str]) -> dict[str, str]:
+    """The worker's response headers minus hop-by-hop ones, plus the gateway's decision headers."""
+    return {**{k: v for k, v in upstream.items() if k.lower() not in _HOP}, **ours}
+
+
+class _Relay(StreamingResponse):
+    """A stream whose upstream is released however the relay ends (done, client gone, or never started)."""
+
+    def __init__(self, content: AsyncIterator[bytes], finish: Any, status: int, headers: dict[str, str]) -> None:
+        super().__init__(content, status, headers)
+        self._finish = finish
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._finish()
 
 
 def build_app(cfg: GatewayConfig) -> Starlette:

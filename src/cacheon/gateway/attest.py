@@ -13,12 +13,13 @@ import threading
 import time
 from typing import Any
 
-import httpx
+import aiohttp
 
 from cacheon.errors import UsageError
 from cacheon.gateway.config import GatewayConfig
 from cacheon.gateway.contracts import for_version
 from cacheon.gateway.hashing import page_hashes
+from cacheon.gateway.http import CallError, call_json
 from cacheon.gateway.subscriber import Delivery
 from cacheon.gateway.tokenize import Profile
 from cacheon.gateway.workers import (
@@ -98,13 +99,15 @@ def check_identity(worker: Worker, found: Discovery, cfg: GatewayConfig) -> str:
         ("page size", spec.page_size, found.page_size),
         ("KV event port base", spec.kv_port, found.kv_port),
         ("DP size", spec.dp_size, found.dp_size),
+        # A worker whose server args name no replay endpoint may still have one the operator knows of.
+        ("KV replay port base", spec.kv_replay_port, found.replay_port or spec.kv_replay_port),
     ):
         if configured is not None and configured != actual:
             raise Fence("engine_geometry_mismatch", f"configured {name} {configured}, worker reports {actual}")
     return contract.id
 
 
-async def token_parity(client: httpx.AsyncClient, worker: Worker, model: str, profile: Profile,
+async def token_parity(client: aiohttp.ClientSession, worker: Worker, model: str, profile: Profile,
                        probes: list[str], timeout_s: float) -> None:
     """Every probe (as a prompt and as a chat) must tokenize on the worker exactly as here."""
     for text in probes:
@@ -117,10 +120,11 @@ async def token_parity(client: httpx.AsyncClient, worker: Worker, model: str, pr
             ),
         ):
             try:
-                resp = await client.post(f"{worker.url}/v1/tokenize", json=body, timeout=timeout_s)
-                got: Any = resp.json() if resp.status_code == 200 else None
-            except (httpx.HTTPError, ValueError):
-                resp, got = None, None
+                status, got = await call_json(client, "POST", f"{worker.url}/v1/tokenize", timeout_s, body)
+            except CallError:
+                status, got = None, None
+            if status != 200:
+                got = None
             if (
                 not isinstance(got, dict)
                 or set(got) != _TOKENIZE_KEYS
@@ -128,14 +132,39 @@ async def token_parity(client: httpx.AsyncClient, worker: Worker, model: str, pr
                 or not all(type(t) is int for t in got["tokens"])
                 or got["count"] != len(got["tokens"])
             ):
-                status = "no response" if resp is None else f"HTTP {resp.status_code}"
+                answer = "no response" if status is None else f"HTTP {status}"
                 expected = "{tokens, count, max_model_len}"
-                raise Fence("probe_schema_mismatch", f"/v1/tokenize answered {status}, not {expected}")
+                raise Fence("probe_schema_mismatch", f"/v1/tokenize answered {answer}, not {expected}")
             if got["tokens"] != mine:
                 raise Fence("token_mismatch", f"probe {text!r}: worker {got['tokens'][:12]}..., gateway {mine[:12]}...")
 
 
-async def hash_challenge(client: httpx.AsyncClient, worker: Worker, model: str, profile: Profile,
+def _echoed(seen: list[tuple[int, int, tuple[int, ...]]], pages: list[tuple[int, ...]], chain: list[int]) -> bool:
+    """True once the challenge's pages came back right, False while not all are in; Fence if wrong.
+
+    Pages are matched by position, as the run of the challenge's page tokens in publishing order
+    on one rank: tokens alone cannot key a page (at page size 1 the same token recurs).
+    """
+    predicted = set(chain)
+    ranks = {rank for h, rank, _ in seen if h in predicted}
+    if len(ranks) > 1:
+        raise Fence("challenge_failed", f"the challenge's pages were echoed split across ranks {sorted(ranks)}")
+    by_rank: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
+    for h, rank, toks in seen:
+        by_rank.setdefault(rank, []).append((h, toks))
+    for run in by_rank.values():
+        toks = [t for _, t in run]
+        for start in range(len(run) - len(pages) + 1):
+            if toks[start : start + len(pages)] == pages:
+                got = [h for h, _ in run[start : start + len(pages)]]
+                bad = next((i for i, (g, want) in enumerate(zip(got, chain, strict=True)) if g != want), None)
+                if bad is not None:
+                    raise Fence("challenge_failed", f"page {bad} echoed block id {got[bad]}, predicted {chain[bad]}")
+                return True
+    return False
+
+
+async def hash_challenge(client: aiohttp.ClientSession, worker: Worker, model: str, profile: Profile,
                          echoes: Echoes, timeout_s: float) -> None:
     """A nonce prompt of >= 2 full pages; its predicted BlockStored pages must come back on one rank."""
     page = worker.discovery.page_size  # type: ignore[union-attr]
@@ -147,25 +176,20 @@ async def hash_challenge(client: httpx.AsyncClient, worker: Worker, model: str, 
         prompt += " the quick brown fox"
         tokens = profile.encode_completion(prompt)
     chain = page_hashes(tokens, page)[skip:]
-    pages = {tuple(tokens[(skip + i) * page : (skip + i + 1) * page]): h for i, h in enumerate(chain)}
+    pages = [tuple(tokens[i * page : (i + 1) * page]) for i in range(skip, skip + len(chain))]
     echoes.arm(worker.id)
     try:
         try:
-            resp = await client.post(f"{worker.url}/v1/completions", timeout=timeout_s,
-                                     json={"model": model, "prompt": prompt, "max_tokens": 1})
-            resp.raise_for_status()
-        except httpx.HTTPError as exc:
-            raise Fence("challenge_failed", f"challenge request failed: {exc!r}") from None
+            status, _ = await call_json(client, "POST", f"{worker.url}/v1/completions", timeout_s,
+                                        {"model": model, "prompt": prompt, "max_tokens": 1})
+        except CallError as exc:
+            raise Fence("challenge_failed", f"challenge request failed: {exc}") from None
+        if status != 200:
+            raise Fence("challenge_failed", f"challenge request answered HTTP {status}")
         deadline = time.monotonic() + timeout_s
         while True:
             seen = echoes.take(worker.id)
-            wrong = [h for h, _rank, toks in seen if toks in pages and pages[toks] != h]
-            if wrong:
-                raise Fence("challenge_failed", f"echoed block id {wrong[0]} where {len(chain)} predicted ids were due")
-            ranks = {rank for h, rank, _ in seen if h in chain}
-            if len(ranks) > 1:
-                raise Fence("challenge_failed", f"the challenge's pages were echoed split across ranks {sorted(ranks)}")
-            if set(chain) <= {h for h, _, _ in seen}:
+            if _echoed(seen, pages, chain):
                 return
             if time.monotonic() > deadline:
                 got = len(set(chain) & {h for h, _, _ in seen})
@@ -175,7 +199,7 @@ async def hash_challenge(client: httpx.AsyncClient, worker: Worker, model: str, 
         echoes.take(worker.id, disarm=True)
 
 
-async def run_ladder(client: httpx.AsyncClient, worker: Worker, cfg: GatewayConfig, profiles: dict[str, Profile],
+async def run_ladder(client: aiohttp.ClientSession, worker: Worker, cfg: GatewayConfig, profiles: dict[str, Profile],
                      echoes: Echoes, subscribe: Any) -> None:
     """Climb the ladder; on any failure the worker is fenced first (state FENCED), then it reports."""
     try:

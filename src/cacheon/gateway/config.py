@@ -40,6 +40,7 @@ class GatewayConfig:
     request_timeout_s: float = 60.0
     load_epsilon: float = 0.25
     min_prefix_blocks: int = 1
+    min_match_ratio: float = 0.5
     health_interval_s: float = 2.0
     attest_interval_s: float = 300.0
     attest_retry_s: float = 30.0
@@ -129,8 +130,10 @@ def parse(raw: Any, base: Path) -> GatewayConfig:
         if name in raw:
             kind = int if name in ("min_prefix_blocks", "breaker_failures", "approx_max_entries") else (int, float)
             value = _typed(name, raw[name], kind)
-            if value < 0 or (value == 0 and name != "load_epsilon"):
+            if value < 0 or (value == 0 and name not in ("load_epsilon", "min_match_ratio")):
                 raise UsageError(f"{name}: must be > 0")
+            if name == "min_match_ratio" and value > 1:
+                raise UsageError("min_match_ratio: must be between 0 and 1")
             extra[name] = value
     if "probes" in raw:
         probes = _typed("probes", raw["probes"], list)

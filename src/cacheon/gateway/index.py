@@ -10,9 +10,11 @@ knows nothing about SGLang versions: it takes store / remove / clear operations 
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import repeat
+from itertools import accumulate, repeat, takewhile
+from operator import and_
 
 Operation = tuple[str, Sequence[int]]
 
@@ -33,7 +35,8 @@ class BlockIndex:
         self.evictions = 0
         self._holders: dict[int, int] = {}
         self._columns: dict[Hashable, int] = {}
-        self._sources: list[Hashable] = []
+        self._sources: list[Hashable | None] = []  # None: a dropped source's column, free for reuse
+        self._free: list[int] = []
         self._bits: list[int] = []
         self._fifos: list[deque[int]] = []
         self._counts: list[int] = []
@@ -57,20 +60,41 @@ class BlockIndex:
         """Forget everything ``source`` holds (worker restart, unrecoverable gap)."""
         self.apply(source, [("clear", ())])
 
+    def drop(self, source: Hashable) -> None:
+        """Forget ``source`` entirely (worker removed): its blocks, and its column for the next source.
+
+        Without this a pool with worker churn would grow one column (one bit in every mask) per
+        worker ever registered.
+        """
+        with self._lock:
+            col = self._columns.pop(source, None)
+            if col is None:
+                return
+            self._clear(col)
+            self._sources[col] = None
+            self._free.append(col)
+
+    def sources(self) -> int:
+        """How many sources have a column now (dropped ones excluded)."""
+        with self._lock:
+            return len(self._columns)
+
     def longest_prefix(self, chain: Sequence[int]) -> dict[Hashable, int]:
-        """For each source holding the chain's first block: how many leading blocks it holds."""
+        """For each source holding the chain's first block: how many leading blocks it holds.
+
+        ``alive[i]`` is the mask of sources holding blocks 0..i. It is computed at C speed and
+        only ever loses bits, so it is constant over a few long runs: each run's end is found by
+        bisection, and the sources that drop out there get that depth. No Python loop per block.
+        """
         out: dict[Hashable, int] = {}
         with self._lock:
-            masks = map(self._holders.get, chain, repeat(0))
-            alive = next(masks, 0)
-            for depth, held in enumerate(masks, 1):
-                now = alive & held
-                if now != alive:
-                    self._record(alive ^ now, depth, out)
-                    alive = now
-                    if not alive:
-                        break
-            self._record(alive, len(chain), out)
+            alive = list(takewhile(bool, accumulate(map(self._holders.get, chain, repeat(0)), and_)))
+            start, end = 0, len(alive)
+            while start < end:
+                mask = alive[start]
+                stop = bisect_left(alive, True, start, end, key=mask.__ne__)  # first index where it changed
+                self._record(mask ^ (alive[stop] if stop < end else 0), stop, out)
+                start = stop
         return out
 
     def blocks(self, source: Hashable) -> int:
@@ -85,12 +109,18 @@ class BlockIndex:
 
     def _column(self, source: Hashable) -> int:
         col = self._columns.get(source)
-        if col is None:
-            col = self._columns[source] = len(self._sources)
+        if col is not None:
+            return col
+        if self._free:  # a dropped column holds nothing: its bit is in no mask
+            col = self._free.pop()
+            self._sources[col] = source
+        else:
+            col = len(self._sources)
             self._sources.append(source)
             self._bits.append(1 << col)
             self._fifos.append(deque())
             self._counts.append(0)
+        self._columns[source] = col
         return col
 
     def _record(self, mask: int, length: int, out: dict[Hashable, int]) -> None:

@@ -35,7 +35,8 @@ class Metrics:
         self.requests = Counter("cacheon_requests", "proxied requests", ["endpoint", "status"], registry=self.registry)
         self.decisions = Counter("cacheon_route_decisions", "routing decisions", ["policy", "reason"],
                                  registry=self.registry)
-        self.prefix_hit_blocks = Counter("cacheon_prefix_hit_blocks", "blocks matched by routing decisions",
+        self.prefix_hit_tokens = Counter("cacheon_prefix_hit_tokens",
+                                         "prompt tokens the chosen worker holds, per routing decision",
                                          registry=self.registry)
         self.upstream_errors = Counter("cacheon_upstream_errors", "failed upstream attempts", ["worker"],
                                        registry=self.registry)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -10,11 +11,13 @@ from cacheon.gateway.hashing import page_hashes
 from cacheon.gateway.index import BlockIndex
 from cacheon.gateway.workers import READY, Worker
 
-Decision = tuple[Worker, str, int]  # worker, reason, matched blocks (prefix policies)
+Decision = tuple[Worker, str, int]  # worker, reason, prompt tokens the chosen worker holds (prefix policies)
 
 
-def least_loaded(workers: Sequence[Worker]) -> Worker:
-    return min(workers, key=lambda w: w.in_flight)
+def least_loaded(workers: Sequence[Worker], turn: int = 0) -> Worker:
+    """Fewest in flight; ties rotate with ``turn``, or a burst that finds every worker idle lands on one."""
+    n = len(workers)
+    return workers[min(range(n), key=lambda i: (workers[i].in_flight, (i - turn) % n))]
 
 
 def _bounded(workers: Sequence[Worker], epsilon: float) -> set[str]:
@@ -23,17 +26,35 @@ def _bounded(workers: Sequence[Worker], epsilon: float) -> set[str]:
     return {w.id for w in workers if w.in_flight <= (1 + epsilon) * max(mean, 1.0)}
 
 
-def _best(depths: dict[str, int], workers: Sequence[Worker], epsilon: float, min_depth: int) -> Decision:
-    """Deepest match among workers under the load bound, ties by least load; else least loaded."""
-    allowed = _bounded(workers, epsilon)
-    hits = [w for w in workers if depths.get(w.id, 0) >= min_depth]
-    if not hits:
-        return least_loaded(workers), "fallback_miss" if not depths else "fallback_shallow", 0
-    fit = [w for w in hits if w.id in allowed]
-    if not fit:
-        return least_loaded([w for w in workers if w.id in allowed] or workers), "fallback_overload", 0
-    best = min(fit, key=lambda w: (-depths[w.id], w.in_flight))
-    return best, "prefix_hit", depths[best.id]
+class Prefix:
+    """The choice shared by the prefix policies, given how much of the prompt each worker holds.
+
+    A match counts only when it covers ``min_match_ratio`` of the prompt's whole units (blocks,
+    chunks) and at least ``min_units``: routing a new conversation to whoever holds its short
+    system prompt would pile new sessions onto one worker for little gain, the reason SGLang's
+    own router has a cache threshold. Among counted matches under the load bound the deepest
+    wins (ties: lower load); otherwise the least-loaded worker.
+    """
+
+    def __init__(self, epsilon: float, min_units: int, min_match_ratio: float) -> None:
+        self.epsilon, self.min_units, self.min_match_ratio = epsilon, min_units, min_match_ratio
+        self._turns = itertools.count()
+
+    def needed(self, units: int) -> int:
+        """Units a match must cover for a prompt of ``units`` whole units."""
+        return max(self.min_units, math.ceil(self.min_match_ratio * units))
+
+    def pick(self, workers: Sequence[Worker], held: dict[str, int], counted: set[str]) -> Decision:
+        """``held``: prompt tokens each matching worker holds; ``counted``: those deep enough."""
+        turn = next(self._turns)
+        if not counted:
+            return least_loaded(workers, turn), "fallback_shallow" if held else "fallback_miss", 0
+        allowed = _bounded(workers, self.epsilon)
+        fit = [w for w in workers if w.id in counted and w.id in allowed]
+        if not fit:
+            return least_loaded([w for w in workers if w.id in allowed] or workers, turn), "fallback_overload", 0
+        best = min(fit, key=lambda w: (-held[w.id], w.in_flight))
+        return best, "prefix_hit", held[best.id]
 
 
 class RoundRobin:
@@ -46,31 +67,36 @@ class RoundRobin:
         return workers[next(self._turn) % len(workers)], "round_robin", 0
 
 
-class Exact:
+class Exact(Prefix):
     """Longest cached prefix from the KV index, on attested (READY) workers only."""
 
     name = "exact"
 
-    def __init__(self, index: BlockIndex, epsilon: float, min_prefix_blocks: int) -> None:
-        self.index, self.epsilon, self.min_depth = index, epsilon, min_prefix_blocks
+    def __init__(self, index: BlockIndex, epsilon: float, min_prefix_blocks: int, min_match_ratio: float) -> None:
+        super().__init__(epsilon, min_prefix_blocks, min_match_ratio)
+        self.index = index
 
     def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision:
         ready = [w for w in workers if w.state == READY and w.discovery is not None]
         if not ready or tokens is None:
-            return least_loaded(workers), "fallback_not_ready", 0
+            return least_loaded(workers, next(self._turns)), "fallback_not_ready", 0
         # One hash chain and one index query per page size in the pool (usually one).
         by_size: dict[int, set[str]] = {}
         for w in ready:
             by_size.setdefault(w.discovery.page_size, set()).add(w.id)  # type: ignore[union-attr]
-        depths: dict[str, int] = {}
+        held: dict[str, int] = {}
+        counted: set[str] = set()
         for size, ids in by_size.items():
+            needed = self.needed(len(tokens) // size)
             for (source, _rank), depth in self.index.longest_prefix(page_hashes(tokens, size)).items():
-                if source in ids and depth > depths.get(source, 0):
-                    depths[source] = depth
-        return _best(depths, ready, self.epsilon, self.min_depth)
+                if source in ids and depth * size > held.get(source, 0):
+                    held[source] = depth * size
+                    if depth >= needed:
+                        counted.add(source)
+        return self.pick(ready, held, counted)
 
 
-class Approx:
+class Approx(Prefix):
     """For workers without KV events: a trie of the token prefixes routed to each worker.
 
     Nodes are chunks of ``chunk`` tokens keyed by their chain (parent key, chunk), so a lookup
@@ -80,8 +106,10 @@ class Approx:
 
     name = "approx"
 
-    def __init__(self, epsilon: float, min_prefix_blocks: int, max_entries: int, chunk: int = 16) -> None:
-        self.epsilon, self.min_depth, self.max_entries, self.chunk = epsilon, min_prefix_blocks, max_entries, chunk
+    def __init__(self, epsilon: float, min_prefix_blocks: int, min_match_ratio: float, max_entries: int,
+                 chunk: int = 16) -> None:
+        super().__init__(epsilon, min_prefix_blocks, min_match_ratio)
+        self.max_entries, self.chunk = max_entries, chunk
         self._nodes: OrderedDict[int, set[str]] = OrderedDict()
 
     def _keys(self, tokens: Sequence[int]) -> list[int]:
@@ -93,7 +121,7 @@ class Approx:
 
     def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision:
         if tokens is None:
-            return least_loaded(workers), "fallback_miss", 0
+            return least_loaded(workers, next(self._turns)), "fallback_miss", 0
         keys = self._keys(tokens)
         depths: dict[str, int] = {}
         alive = {w.id for w in workers}
@@ -105,13 +133,15 @@ class Approx:
             for wid in holders & alive:
                 depths[wid] = depth
             alive &= holders
-        worker, reason, depth = _best(depths, workers, self.epsilon, self.min_depth)
+        needed = self.needed(len(keys))
+        worker, reason, held = self.pick(workers, {w: d * self.chunk for w, d in depths.items()},
+                                         {w for w, d in depths.items() if d >= needed})
         for key in keys:
             self._nodes.setdefault(key, set()).add(worker.id)
             self._nodes.move_to_end(key)
         while len(self._nodes) > self.max_entries:
             self._nodes.popitem(last=False)
-        return worker, reason, depth
+        return worker, reason, held
 
     def forget(self, worker_id: str) -> None:
         for holders in self._nodes.values():

@@ -4,11 +4,13 @@ A profile is one served model's ``tokenizer.json`` (HF ``tokenizers``), its chat
 (rendered the way transformers' ``apply_chat_template`` does), both pinned by sha256 when the
 operator gives a digest, and the engine's quirks. ``completions_bos``: SGLang's OpenAI
 completions path for some models encodes without special tokens and prepends one BOS.
+Encoding goes through an exact window cache (``tokencache``) wherever it can be proven equal.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from cacheon.errors import UsageError
+from cacheon.gateway.tokencache import WindowEncoder, affixes, anchors
 
 
 @dataclass(frozen=True)
@@ -60,11 +63,16 @@ class Profile:
         self.spec = spec
         self.template = None
         self.chat_template_sha256 = None
+        source = b""
         if spec.chat_template is not None:
             source, self.chat_template_sha256 = _pinned(spec.chat_template, spec.chat_template_sha256)
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
             self.template = env.from_string(source.decode("utf-8"))
+        config = json.loads(data)
+        self.windows = WindowEncoder(
+            self.tokenizer, anchors(config, source.decode("utf-8"), (spec.bos_token, spec.eos_token)))
+        self._affixes = affixes(config) if self.windows.enabled else None
         self.bos_id = None
         if spec.bos_token is not None:
             self.bos_id = self.tokenizer.token_to_id(spec.bos_token)
@@ -75,12 +83,14 @@ class Profile:
 
     def encode(self, text: str) -> list[int]:
         """Plain encoding with the tokenizer's own special-token rule (SGLang ``/generate``)."""
-        return self.tokenizer.encode(text).ids
+        if self._affixes is None:
+            return self.tokenizer.encode(text).ids
+        return self.windows.encode(text, self._affixes)
 
     def encode_completion(self, prompt: str) -> list[int]:
         """``/v1/completions``: the quirk, if any, is applied here."""
         if self.spec.completions_bos:
-            return [self.bos_id, *self.tokenizer.encode(prompt, add_special_tokens=False).ids]  # type: ignore[list-item]
+            return self.windows.encode(prompt, ((self.bos_id,), ()))  # type: ignore[arg-type]
         return self.encode(prompt)
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
@@ -98,4 +108,4 @@ class Profile:
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         """As transformers' ``apply_chat_template(tokenize=True)``: no specials added on top."""
-        return self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids
+        return self.windows.encode(self.render_chat(messages))

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
 
 from cacheon.gateway.config import WorkerSpec
+from cacheon.gateway.http import CallError, get_json
 from cacheon.gateway.subscriber import Subscriber
 
 # The exact-attestation ladder, in order; exact routing only at READY.
@@ -28,17 +30,18 @@ class Discovery:
     page_size: int
     dp_size: int
     kv_port: int | None  # None: the worker publishes no KV events
+    replay_port: int | None = None  # rank 0's replay ROUTER port, from the server args; None: no replay
 
 
 class DiscoveryError(Exception):
     """The worker's self-description is missing or malformed."""
 
 
-async def discover(client: httpx.AsyncClient, url: str, timeout_s: float) -> Discovery:
+async def discover(client: aiohttp.ClientSession, url: str, timeout_s: float) -> Discovery:
     """Ask the worker; the KV port base is dialled on the worker URL's host (DESIGN.md)."""
     try:
-        info = (await client.get(f"{url}/get_server_info", timeout=timeout_s)).raise_for_status().json()
-        model = (await client.get(f"{url}/get_model_info", timeout=timeout_s)).raise_for_status().json()
+        info = await get_json(client, f"{url}/get_server_info", timeout_s)
+        model = await get_json(client, f"{url}/get_model_info", timeout_s)
         kv = info.get("kv_events")
         return Discovery(
             version=str(info["version"]),
@@ -46,9 +49,26 @@ async def discover(client: httpx.AsyncClient, url: str, timeout_s: float) -> Dis
             page_size=int(kv["block_size"] if kv else info.get("page_size") or 1),
             dp_size=int(kv["dp_size"] if kv else info.get("dp_size") or 1),
             kv_port=int(kv["endpoint_port_base"]) if kv else None,
+            replay_port=_replay_port(info.get("kv_events_config")) if kv else None,
         )
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+    except (CallError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DiscoveryError(f"{url}: cannot discover the worker: {exc}") from None
+
+
+def _replay_port(config: Any) -> int | None:
+    """The port of ``replay_endpoint`` in the worker's ``--kv-events-config`` (a JSON string in its server args).
+
+    SGLang offsets it by the DP rank as it does the publish endpoint. Replay is optional: an
+    absent, non-TCP or malformed setting means none (a hole then clears the rank instead).
+    """
+    try:
+        endpoint = (json.loads(config) if isinstance(config, str) else config or {}).get("replay_endpoint")
+        if not isinstance(endpoint, str) or not endpoint.startswith("tcp://"):
+            return None
+        port = int(endpoint.rsplit(":", 1)[1])
+    except (ValueError, AttributeError, IndexError):
+        return None
+    return port if 0 < port < 65536 else None
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """The simulator's prefix cache: page-granular radix tree with LRU leaf eviction and a capacity.
 
 Shaped like SGLang's paged ``RadixCache``: keys are full pages, a page is only evictable once it
-has no cached children, and every insert or eviction is reported so it can be published as a
-``BlockStored`` / ``BlockRemoved`` event, one event per page, in SGLang's own hash chain.
+has no cached children, and every insert or eviction is reported page by page, in SGLang's own hash
+chain, for the publisher to group into ``BlockStored`` / ``BlockRemoved`` events as the chosen release does.
 """
 
 from __future__ import annotations

@@ -1,25 +1,54 @@
-"""The demo: a shared-prefix multi-turn workload through the gateway over simulated workers.
+"""The demo: a multi-turn "chat with a document" workload through the gateway over simulated workers.
 
 For each policy it starts fresh simulated workers (cold caches) and a gateway, replays the same
-conversations turn by turn, and measures what the workers report: prefix-cache hit rate (cached
-prompt tokens / prompt tokens, from each response's usage), load spread, routing reasons.
+sessions in turn-synchronised waves, and measures what the workers report: prefix-cache hit rate
+(cached prompt tokens / prompt tokens, from each response's usage), load spread, routing reasons.
+Every request is kept (:class:`Served`) so a benchmark can replay the exact sequence offline.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import tempfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from cacheon.sim.launch import Gateway, Sim
 from cacheon.sim.tokenizer import CORPUS, write_profile
+
+Messages = list[dict[str, str]]
+
+WORDS = sorted({w.strip(".,") for line in CORPUS for w in line.split()})
+
+
+@dataclass(frozen=True)
+class Session:
+    """One user's conversation: its app's system prompt, its own document, its questions, its start."""
+
+    system: str
+    document: str
+    questions: tuple[str, ...]
+    start: int  # the wave of its first turn
+
+
+@dataclass(frozen=True)
+class Served:
+    """One request as the client sent it and as the worker answered it."""
+
+    wave: int
+    session: int
+    messages: Messages
+    prompt_tokens: int
+    cached_tokens: int
+    worker: str
+    route: str
+    order: int  # completion order over the whole run (within a wave, the order the workers served)
 
 
 @dataclass(frozen=True)
@@ -28,6 +57,7 @@ class Outcome:
     hit_rate: float
     load: dict[str, int]
     reasons: dict[str, int]
+    served: tuple[Served, ...] = field(default=(), repr=False)
 
     @property
     def spread(self) -> float:
@@ -36,43 +66,86 @@ class Outcome:
         return max(counts) / (sum(counts) / len(counts)) if counts else 0.0
 
 
-def conversations(sessions: int, turns: int, seed: int = 0) -> list[list[list[dict[str, str]]]]:
-    """Per session, the message list of each turn; sessions share a few long system prompts."""
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) if rng.random() < 0.7 else str(rng.randrange(10_000)) for _ in range(words))
+
+
+def conversations(sessions: int, turns: int, seed: int = 0, *, apps: int = 4, system_words: int = 40,
+                  document_words: int = 500, question_words: int = 12, arrivals: int = 0) -> list[Session]:
+    """A "chat with a document" trace, shaped like RAG / support-bot traffic, where routing matters.
+
+    - ``apps`` system prompts (``system_words`` long), each session drawn from one at random: a
+      few applications or tenants behind one endpoint. They are shared, so any policy (rr too)
+      soon caches them everywhere; they are kept short next to the document, as they are in
+      practice next to retrieved context.
+    - A per-session document (``document_words``, with numbers, so it tokenizes long: a retrieved
+      passage, a pasted file, a ticket's history) in the first user turn. Nobody else shares it:
+      it is only a hit if the worker that served the previous turn serves the next one.
+    - ``turns`` short follow-up questions; the client appends the worker's real reply to the
+      history each turn, as an OpenAI client does, so the history grows by what was generated.
+    - Sessions arrive at random over time, ``arrivals`` new ones per wave on average (0: all at
+      once), so the steady state mixes new sessions (cold documents) with ongoing ones, and the
+      number in flight is not a multiple of the worker count, as in live traffic. (Arrivals in
+      lockstep with the pool size would let round robin send a session to the same worker every
+      turn by accident.)
+    """
     rng = random.Random(seed)
-    systems = [f"System prompt {k}. " + " ".join(rng.sample(CORPUS[:3], 3)) * 3 for k in range(3)]
-    out = []
-    for s in range(sessions):
-        history = [{"role": "system", "content": systems[s % len(systems)]}]
-        turns_of = []
-        for t in range(turns):
-            history = [*history, {"role": "user", "content": f"Session {s} question {t}: {rng.choice(CORPUS)}"}]
-            turns_of.append(history)
-            history = [*history, {"role": "assistant", "content": f"answer {s}.{t}"}]
-        out.append(turns_of)
-    return out
+    systems = [f"You are assistant {k} of app {k}. " + _text(rng, system_words) for k in range(apps)]
+    window = -(-sessions // arrivals) if arrivals else 1  # waves over which sessions arrive
+    return [
+        Session(
+            system=rng.choice(systems),
+            document=f"Document {s}: " + _text(rng, document_words),
+            questions=tuple(f"Question {t} on document {s}: " + _text(rng, question_words) for t in range(turns)),
+            start=rng.randrange(window),
+        )
+        for s in range(sessions)
+    ]
 
 
-def replay(url: str, workload: list[list[list[dict[str, str]]]]) -> tuple[float, Counter[str], Counter[str]]:
-    """Sessions run concurrently, each turn after the previous one: hit rate, load, route reasons."""
-    results: list[tuple[int, int, str, str]] = []
-
-    def session(turns: list[list[dict[str, str]]]) -> None:
-        with httpx.Client(timeout=30) as client:
-            for messages in turns:
-                r = client.post(f"{url}/v1/chat/completions",
-                                json={"model": "demo", "messages": messages, "max_tokens": 4})
-                r.raise_for_status()
-                usage = r.json()["usage"]
-                results.append((usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"],
-                                r.headers["x-cacheon-worker"], r.headers["x-cacheon-route"]))
-
-    with ThreadPoolExecutor(len(workload)) as pool:
-        list(pool.map(session, workload))
-    cached, prompt = sum(r[0] for r in results), sum(r[1] for r in results)
-    return cached / max(prompt, 1), Counter(r[2] for r in results), Counter(r[3] for r in results)
+def _first(session: Session) -> Messages:
+    return [{"role": "system", "content": session.system},
+            {"role": "user", "content": f"{session.document}\n\n{session.questions[0]}"}]
 
 
-def run(policy: str, workers: int, version: str, workload: Any, tmp: Path, profile: tuple[Path, Path],
+def replay(url: str, sessions: list[Session], max_tokens: int = 16, seed: int = 0) -> list[Served]:
+    """Turn-synchronised waves: every active session sends its next turn at once, then all wait.
+
+    Waves make the run repeatable: a session's next turn never overtakes the previous one, and
+    which requests race each other does not depend on thread timing across turns. Within a wave
+    the sessions are sent in a shuffled (seeded) order: users do not queue up by session id.
+    """
+    rng = random.Random(seed)
+    history: dict[int, Messages] = {}
+    served: list[Served] = []
+    order = itertools.count()
+    waves = max(s.start + len(s.questions) for s in sessions)
+    with httpx.Client(timeout=60, limits=httpx.Limits(max_connections=len(sessions))) as client, \
+            ThreadPoolExecutor(len(sessions)) as pool:
+
+        def send(wave: int, i: int) -> tuple[Served, str]:
+            turn = wave - sessions[i].start
+            messages = _first(sessions[i]) if turn == 0 else [
+                *history[i], {"role": "user", "content": sessions[i].questions[turn]}]
+            r = client.post(f"{url}/v1/chat/completions",
+                            json={"model": "demo", "messages": messages, "max_tokens": max_tokens})
+            r.raise_for_status()
+            body = r.json()
+            usage = body["usage"]
+            return Served(wave, i, messages, usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"],
+                          r.headers["x-cacheon-worker"], r.headers["x-cacheon-route"], next(order)), \
+                body["choices"][0]["message"]["content"]
+
+        for wave in range(waves):
+            active = [i for i, s in enumerate(sessions) if s.start <= wave < s.start + len(s.questions)]
+            rng.shuffle(active)
+            for req, reply in pool.map(send, itertools.repeat(wave), active):
+                history[req.session] = [*req.messages, {"role": "assistant", "content": reply}]
+                served.append(req)
+    return sorted(served, key=lambda r: r.order)
+
+
+def run(policy: str, workers: int, version: str, sessions: list[Session], tmp: Path, profile: tuple[Path, Path],
         page_size: int, capacity_tokens: int, delay_ms: int) -> Outcome:
     with ExitStack() as stack:
         sims = [Sim(stack, tmp, profile, version, page_size=page_size, capacity_tokens=capacity_tokens,
@@ -83,14 +156,18 @@ def run(policy: str, workers: int, version: str, workload: Any, tmp: Path, profi
         gw = Gateway(stack, tmp, profile, policy, [{"url": s.url} for s in sims])
         if policy == "exact":
             gw.settled([s.url for s in sims])
-        hit_rate, load, reasons = replay(gw.url, workload)
         names = {s.url: f"sim{i}" for i, s in enumerate(sims)}
-        return Outcome(policy, hit_rate, {names[s.url]: load.get(s.url, 0) for s in sims}, dict(reasons))
+        served = [Served(**{**vars(r), "worker": names[r.worker]}) for r in replay(gw.url, sessions)]
+        load = Counter(r.worker for r in served)
+        hit_rate = sum(r.cached_tokens for r in served) / max(sum(r.prompt_tokens for r in served), 1)
+        return Outcome(policy, hit_rate, {n: load.get(n, 0) for n in names.values()},
+                       dict(Counter(r.route for r in served)), tuple(served))
 
 
 def demo(workers: int, sessions: int, turns: int, version: str, page_size: int, capacity_tokens: int,
-         delay_ms: int = 50, policies: tuple[str, ...] = ("rr", "approx", "exact")) -> list[Outcome]:
-    workload = conversations(sessions, turns)
+         delay_ms: int = 50, policies: tuple[str, ...] = ("rr", "approx", "exact"),
+         arrivals: int = 0) -> list[Outcome]:
+    workload = conversations(sessions, turns, arrivals=arrivals)
     with tempfile.TemporaryDirectory(prefix="cacheon-demo-") as tmp:
         profile = write_profile(Path(tmp) / "tok")
         return [run(p, workers, version, workload, Path(tmp), profile, page_size, capacity_tokens, delay_ms)

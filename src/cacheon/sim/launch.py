@@ -84,8 +84,9 @@ class Sim:
     def __init__(self, stack: ExitStack, tmp: Path, profile: tuple[Path, Path], version: str, *,
                  page_size: int = 4, dp_size: int = 1, delay_ms: int = 0, fault: str | None = None,
                  model: str = "demo", capacity_tokens: int = 1 << 16, releases: Path = RELEASES,
-                 ports: tuple[int, int] | None = None) -> None:
+                 ports: tuple[int, int] | None = None, replay: bool = False) -> None:
         self.port, self.kv_port = ports or (free_port(), free_range(dp_size))
+        self.replay_port = free_range(dp_size) if replay else None
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp / f"sim-{self.port}.log"
         args = ["sim", "worker", "--port", str(self.port), "--kv-port", str(self.kv_port), "--sglang-version",
@@ -93,7 +94,9 @@ class Sim:
                 "--page-size", str(page_size), "--dp-size", str(dp_size),
                 "--model", model, "--tokenizer", str(profile[0]), "--chat-template", str(profile[1]),
                 "--bos-token", "<s>", "--delay-ms", str(delay_ms)]
-        self.proc = _spawn(stack, args + (["--fault", fault] if fault else []), self.log)
+        args += ["--fault", fault] if fault else []
+        args += ["--kv-replay-port", str(self.replay_port)] if self.replay_port else []
+        self.proc = _spawn(stack, args, self.log)
 
     def ready(self) -> None:
         wait_until(lambda: self._up(), f"sim {self.url} (log {self.log})")
@@ -126,6 +129,14 @@ class Gateway:
 
     def status(self) -> dict[str, dict[str, Any]]:
         return {w["url"]: w for w in httpx.get(f"{self.url}/status", timeout=5).json()["workers"]}
+
+    def wait_discovered(self, urls: list[str]) -> dict[str, dict[str, Any]]:
+        """Wait until the gateway knows what model each worker serves (rr and approx discover too)."""
+        def done() -> dict[str, dict[str, Any]] | None:
+            s = self.status()
+            return s if all(u in s and s[u]["model"] for u in urls) else None
+
+        return wait_until(done, f"workers to be discovered: {json.dumps(self.status())[:2000]}")
 
     def settled(self, urls: list[str]) -> dict[str, dict[str, Any]]:
         """Wait until every worker is READY or FENCED with a reason, and return the status."""

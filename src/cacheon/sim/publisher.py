@@ -3,18 +3,23 @@
 The release's ``kv_events`` module is loaded from its unpacked wheel (``.sglang/<version>``,
 as scripts/install_sglang_releases.sh lays it out) with stand-in parent packages, so
 ``sglang/__init__.py`` (torch, torchvision) never runs, while ``ZmqEventPublisher`` and the
-event classes are that release's files: the bytes on the wire are the release's bytes.
+event classes are that release's files: the bytes on the wire are the release's bytes. How
+pages group into events follows that release's radix cache (see ``coalesces``), and the
+publishers are built from the same ``--kv-events-config`` JSON the server reports.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import json
 import sys
 import time
 import types
 from pathlib import Path
 from typing import Any
+
+from packaging.version import Version
 
 from cacheon.errors import UsageError
 from cacheon.sim.cache import StoredPage
@@ -46,32 +51,58 @@ def _installed() -> str | None:
         return None
 
 
-class RankPublishers:
-    """One release ``ZmqEventPublisher`` per DP rank: live ``kv_port + r``, replay ``replay_port + r``."""
+# The first release whose radix cache merges a BlockStored onto the queue's tail when the new
+# event's parent is the tail's last hash (and a BlockRemoved onto a BlockRemoved tail):
+# sglang/srt/mem_cache/events.py ``_enqueue_kv_event`` (0.5.18), ``KVCacheEventRecorder.enqueue``
+# (0.5.19+). Up to 0.5.13.post1 it queues one BlockStored and one BlockRemoved per page.
+COALESCING_FROM = Version("0.5.18")
 
-    def __init__(self, kv: types.ModuleType, kv_port: int, dp_size: int, replay_port: int | None) -> None:
-        self.kv = kv
-        replay = f"tcp://*:{replay_port}" if replay_port else None
-        self.pubs = [
-            kv.ZmqEventPublisher(attn_dp_rank=r, endpoint=f"tcp://*:{kv_port}", replay_endpoint=replay)
-            for r in range(dp_size)
-        ]
+
+def coalesces(version: str) -> bool:
+    """Whether ``version``'s radix cache merges consecutive pages into one event."""
+    return Version(version) >= COALESCING_FROM
+
+
+def kv_events_config(kv_port: int, replay_port: int | None) -> str:
+    """The ``--kv-events-config`` JSON a real server would be started with for these ports."""
+    config: dict[str, Any] = {"publisher": "zmq", "endpoint": f"tcp://*:{kv_port}", "topic": ""}
+    if replay_port:
+        config["replay_endpoint"] = f"tcp://*:{replay_port}"
+    return json.dumps(config)
+
+
+class RankPublishers:
+    """One release publisher per DP rank, made as the release's scheduler makes it (from the config)."""
+
+    def __init__(self, kv: types.ModuleType, version: str, config: str, dp_size: int) -> None:
+        self.kv, self.coalesce = kv, coalesces(version)
+        self.pubs = [kv.EventPublisherFactory.create(config, attn_dp_rank=r) for r in range(dp_size)]
 
     def publish(self, rank: int, stored: list[StoredPage], removed: list[int], block_size: int) -> None:
-        """One batch: removals first (they made room), then one BlockStored per page."""
-        events: list[Any] = []
-        if removed:
-            events.append(self.kv.BlockRemoved(block_hashes=removed))
-        events += [
-            self.kv.BlockStored(
-                block_hashes=[p.block_hash],
-                parent_block_hash=p.parent,
-                token_ids=list(p.tokens),
-                block_size=block_size,
-                lora_id=None,
+        """One batch as the release's radix cache queues it: removals (they made room), then stores.
+
+        Every event is on the device tier (``medium`` GPU) with ``lora_id`` nil, as the release's
+        recorder writes them for the default (unsalted, adapter-free) cache.
+        """
+        gpu = self.kv.StorageMedium.GPU
+        groups = [removed] if self.coalesce and removed else [[h] for h in removed]
+        events: list[Any] = [self.kv.BlockRemoved(block_hashes=hashes, medium=gpu) for hashes in groups]
+        for page in stored:
+            tail = events[-1] if events else None
+            if self.coalesce and isinstance(tail, self.kv.BlockStored) and tail.block_hashes[-1] == page.parent:
+                tail.block_hashes.append(page.block_hash)
+                tail.token_ids.extend(page.tokens)
+                continue
+            events.append(
+                self.kv.BlockStored(
+                    block_hashes=[page.block_hash],
+                    parent_block_hash=page.parent,
+                    token_ids=list(page.tokens),
+                    block_size=block_size,
+                    lora_id=None,
+                    medium=gpu,
+                )
             )
-            for p in stored
-        ]
         if events:
             self.pubs[rank].publish(self.kv.KVEventBatch(ts=time.time(), events=events))
 

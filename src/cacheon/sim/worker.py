@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from packaging.version import Version
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -24,7 +25,11 @@ from starlette.routing import Route
 
 from cacheon.gateway.tokenize import Profile
 from cacheon.sim.cache import PrefixCache
-from cacheon.sim.publisher import RankPublishers
+from cacheon.sim.publisher import RankPublishers, kv_events_config
+
+# From 0.5.22 the /server_info ``kv_events`` descriptor also names the replay ROUTER's base port
+# (runtime_context.py ``describe_kv_events_publisher``); before, only ``kv_events_config`` does.
+REPLAY_ADVERTISED_FROM = Version("0.5.22")
 
 FAULTS = ("tokenize_drift", "tokenize_500", "no_echo", "wrong_echo", "rank_lie", "geometry_lie", "version_lie")
 
@@ -39,6 +44,12 @@ class SimSettings:
     capacity_tokens: int
     delay_s: float = 0.0
     fault: str | None = None
+    kv_replay_port: int | None = None
+
+    @property
+    def kv_events_config(self) -> str:
+        """The JSON the publishers are built from, reported as a real server reports its argument."""
+        return kv_events_config(self.kv_port, self.kv_replay_port)
 
 
 class SimWorker:
@@ -58,6 +69,10 @@ class SimWorker:
     def server_info(self) -> dict[str, Any]:
         s, lie = self.s, self.s.fault
         page = s.page_size + (lie == "geometry_lie")
+        kv: dict[str, Any] = {"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": s.kv_port, "topic": "",
+                              "block_size": page, "dp_size": s.dp_size}
+        if s.kv_replay_port and Version(s.version) >= REPLAY_ADVERTISED_FROM:
+            kv["replay_endpoint_port_base"] = s.kv_replay_port
         return {
             "model_path": s.model,
             "served_model_name": s.model,
@@ -65,14 +80,9 @@ class SimWorker:
             "dp_size": s.dp_size,
             "version": "0.0.0-sim-lie" if lie == "version_lie" else s.version,
             "simulator": True,
-            "kv_events": {
-                "publisher": "zmq",
-                "endpoint_host": "*",
-                "endpoint_port_base": s.kv_port,
-                "topic": "",
-                "block_size": page,
-                "dp_size": s.dp_size,
-            },
+            # ServerArgs.kv_events_config verbatim (a JSON string): where a client finds replay_endpoint.
+            "kv_events_config": s.kv_events_config,
+            "kv_events": kv,
         }
 
     def tokenize(self, body: dict[str, Any]) -> list[int]:
@@ -100,8 +110,9 @@ class SimWorker:
         stored, removed = cache.insert(tokens)
         if self.publishers is None or self.s.fault == "no_echo":
             return cached
-        if self.s.fault == "wrong_echo":
-            stored = [type(p)(p.block_hash ^ 1, p.parent, p.tokens) for p in stored]
+        if self.s.fault == "wrong_echo":  # a consistently wrong hash chain: every id (and parent link) off
+            stored = [type(p)(p.block_hash ^ 1, None if p.parent is None else p.parent ^ 1, p.tokens) for p in stored]
+            removed = [h ^ 1 for h in removed]
         if self.s.fault == "rank_lie" and len(stored) > 1:
             half = len(stored) // 2
             self.publishers.publish(rank, stored[:half], removed, self.s.page_size)
