@@ -75,7 +75,7 @@ def test_dropped_columns_are_reused_and_start_empty() -> None:
         index.apply(f"gone{i}", [("store", [1, 2, 3, 100 + i])])
         index.drop(f"gone{i}")
     assert index.sources() == 1
-    assert index._bits[-1] < 1 << 2  # noqa: SLF001 - the point: no column per worker ever seen
+    assert index._bits[-1] < 1 << 2  # the point: no new column (bit) per worker ever seen
     index.apply("new", [("store", [5])])
     assert index.longest_prefix([1, 2, 3]) == {"keep": 2}
     assert index.longest_prefix([5]) == {"new": 1} and index.blocks("new") == 1
