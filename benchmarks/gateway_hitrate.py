@@ -9,9 +9,10 @@ once; replies are the workers' own, so every policy sends the same prompts, whic
 The oracle replays exact's run request for request, in the order the workers served them, into
 caches built like the workers' (``PrefixCache``, same page size and capacity, the prompt alone
 inserted, DP rank 0 only), tokenized with the same tokenizer, chat template and BOS as the
-gateway and the workers (every prompt's length is checked against the worker's usage). It
-routes each request to the deepest real match among workers within the same load bound as
-exact's (in-flight <= (1+epsilon) x max(mean, 1), counting a wave's requests as in flight).
+gateway and the workers (every prompt's length is checked against the worker's usage). Two
+oracles, the better one counts: "greedy" routes each request to the deepest real match among
+workers within exact's load bound (in-flight <= (1+epsilon) x max(mean, 1), a wave's requests
+counted as in flight); "rule" applies exact's whole decision rule to the real caches.
 A mirror replay of each live run's own routing through the same caches must reproduce every
 worker-reported cached-token count, or the oracle is not modelling the workers.
 """
@@ -24,9 +25,11 @@ from collections.abc import Sequence
 from itertools import groupby
 from pathlib import Path
 
-from cacheon.gateway.config import GatewayConfig
+from cacheon.gateway.config import GatewayConfig, WorkerSpec
 from cacheon.gateway.hashing import page_hashes
+from cacheon.gateway.policy import Prefix
 from cacheon.gateway.tokenize import Profile, ProfileSpec
+from cacheon.gateway.workers import Worker
 from cacheon.sim.cache import PrefixCache
 from cacheon.sim.demo import Outcome, Served, demo
 from cacheon.sim.tokenizer import BOS_TOKEN, write_profile
@@ -68,22 +71,36 @@ def mirror(served: Sequence[Served], tokens: list[list[int]]) -> int:
     return wrong
 
 
-def oracle(served: Sequence[Served], tokens: list[list[int]]) -> tuple[float, float]:
-    """Deepest real match within the load bound, ties by load; hit rate and max/mean load."""
+def oracle(served: Sequence[Served], tokens: list[list[int]], rule: Prefix | None) -> tuple[float, float]:
+    """Hit rate and max/mean load of routing on every worker's real cache, wave by wave.
+
+    ``rule`` None: the deepest real match within the load bound (ties by load). Otherwise exact's
+    own decision rule (``Prefix.pick``: match-ratio threshold, load bound, rotating ties) fed with
+    the real caches instead of the index: the difference to exact is then only what exact knows.
+    """
     caches = [Cache(PAGE, CAPACITY) for _ in range(WORKERS)]
+    workers = [Worker(str(i), WorkerSpec(url=f"http://oracle-{i}:1")) for i in range(WORKERS)]
     load = [0] * WORKERS
     cached = total = 0
     items = list(zip(served, tokens, strict=True))
     for _, wave in groupby(items, key=lambda item: item[0].wave):
-        in_flight = [0] * WORKERS
+        for w in workers:
+            w.in_flight = 0
         for _, t in wave:
-            bound = (1 + EPSILON) * max(sum(in_flight) / WORKERS, 1.0)
-            allowed = [i for i in range(WORKERS) if in_flight[i] <= bound]
-            best = max(allowed, key=lambda i: (caches[i].peek(t), -in_flight[i], -load[i]))
+            held = [c.peek(t) for c in caches]
+            if rule is None:
+                bound = (1 + EPSILON) * max(sum(w.in_flight for w in workers) / WORKERS, 1.0)
+                allowed = [i for i in range(WORKERS) if workers[i].in_flight <= bound]
+                best = max(allowed, key=lambda i: (held[i], -workers[i].in_flight, -load[i]))
+            else:
+                needed = rule.needed(len(t) // PAGE) * PAGE
+                chosen = rule.pick(workers, {str(i): h for i, h in enumerate(held) if h},
+                                   {str(i) for i, h in enumerate(held) if h and h >= needed})[0]
+                best = int(chosen.id)
             cached += caches[best].match(t)
             total += len(t)
             caches[best].insert(t)
-            in_flight[best] += 1
+            workers[best].in_flight += 1
             load[best] += 1
     return cached / total, max(load) / (sum(load) / WORKERS)
 
@@ -98,15 +115,20 @@ def main() -> None:
         tok, template = write_profile(Path(tmp))
         profile = Profile(ProfileSpec(tok, template, bos_token=BOS_TOKEN))  # as the gateway and the workers
         tokens = {p: tokenized(o.served, profile) for p, o in outcomes.items()}
-    best, best_spread = oracle(outcomes["exact"].served, tokens["exact"])
+    defaults = GatewayConfig.__dataclass_fields__
+    rule = Prefix(EPSILON, defaults["min_prefix_blocks"].default, defaults["min_match_ratio"].default)
+    oracles = {"greedy": oracle(outcomes["exact"].served, tokens["exact"], None),
+               "rule": oracle(outcomes["exact"].served, tokens["exact"], rule)}
+    best = max(rate for rate, _spread in oracles.values())
     rr = outcomes["rr"].hit_rate
     print(f"{WORKERS} workers, {SESSIONS} sessions x {TURNS} turns, {ARRIVALS} new per wave, page {PAGE}, "
           f"capacity {CAPACITY} tokens, {DELAY_MS} ms per request, epsilon {EPSILON}")
-    print(f"{'policy':<8} {'hit rate':>8} {'max/mean':>8} {'vs oracle':>9} {'vs rr':>6} {'mirror misses':>13}")
+    print(f"{'policy':<13} {'hit rate':>8} {'max/mean':>8} {'vs oracle':>9} {'vs rr':>6} {'mirror misses':>13}")
     for name, o in outcomes.items():
-        print(f"{name:<8} {o.hit_rate:>8.3f} {o.spread:>8.2f} {o.hit_rate / best:>9.2f} {o.hit_rate / rr:>6.2f} "
+        print(f"{name:<13} {o.hit_rate:>8.3f} {o.spread:>8.2f} {o.hit_rate / best:>9.2f} {o.hit_rate / rr:>6.2f} "
               f"{mirror(o.served, tokens[name]):>13}")
-    print(f"{'oracle':<8} {best:>8.3f} {best_spread:>8.2f} {1:>9.2f} {best / rr:>6.2f}")
+    for name, (rate, spread) in oracles.items():
+        print(f"{'oracle-' + name:<13} {rate:>8.3f} {spread:>8.2f} {rate / best:>9.2f} {rate / rr:>6.2f}")
     for name, o in outcomes.items():
         print(f"{name} routes: " + ", ".join(f"{k} {v}" for k, v in sorted(o.reasons.items())))
     exact = outcomes["exact"]

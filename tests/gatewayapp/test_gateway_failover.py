@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -50,10 +51,28 @@ def test_killed_worker_loses_no_in_flight_request(tmp_path: Path, profile: tuple
         with ThreadPoolExecutor(4) as pool:
             assert set(pool.map(after, range(4))) == {(survivor.url, "rr:round_robin")}
 
-        # A client that gives up cancels its upstream request: in-flight drops long before the 5 s reply.
+
+
+def test_a_client_that_leaves_aborts_its_upstream_request(tmp_path: Path, profile: tuple[Path, Path]) -> None:
+    with ExitStack() as stack:
+        sim = Sim(stack, tmp_path, profile, "0.5.23", delay_ms=4000)
+        sim.ready()
+        gw = Gateway(stack, tmp_path, profile, "rr", [{"url": sim.url}])
+        body = {"model": "demo", "prompt": "never mind", "max_tokens": 40, "stream": True}
+        # Streamed: 40 chunks over 4 s; the client reads the first one and hangs up.
+        with httpx.stream("POST", f"{gw.url}/v1/completions", json=body, timeout=30) as r:
+            assert r.status_code == 200
+            assert next(r.iter_lines()).startswith("data: ")
+        left = time.monotonic()
+        wait_until(lambda: sim.stats()["aborted"] == 1, "the worker to abort the streamed request", 10)
+        assert time.monotonic() - left < 3  # long before the stream's natural end
+        assert gw.status()[sim.url]["in_flight"] == 0
+
+        # Not streamed: the client times out; the gateway cancels, and the worker aborts too.
         impatient = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", timeout=0.5, max_retries=0)
         with pytest.raises(openai.APITimeoutError):
             impatient.completions.create(model="demo", prompt="never mind", max_tokens=1)
-        gave_up = time.monotonic()
-        wait_until(lambda: gw.status()[survivor.url]["in_flight"] == 0, "the upstream request to be cancelled", 10)
-        assert time.monotonic() - gave_up < 3.5  # without the cancel: 4.5 s
+        left = time.monotonic()
+        wait_until(lambda: sim.stats()["aborted"] == 2, "the worker to abort the non-streamed request", 10)
+        assert time.monotonic() - left < 3
+        assert gw.status()[sim.url]["in_flight"] == 0 and sim.stats()["completed"] == 0

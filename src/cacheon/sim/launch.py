@@ -101,6 +101,10 @@ class Sim:
     def ready(self) -> None:
         wait_until(lambda: self._up(), f"sim {self.url} (log {self.log})")
 
+    def stats(self) -> dict[str, int]:
+        """The simulator's request counters: completed, and aborted because the client left."""
+        return httpx.get(f"{self.url}/sim/stats", timeout=5).json()
+
     def _up(self) -> bool:
         if self.proc.poll() is not None:
             raise ProcessError(f"sim exited: {self.log.read_text()}")

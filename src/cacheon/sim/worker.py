@@ -65,6 +65,8 @@ class SimWorker:
         self.caches = [cache(settings.page_size, settings.capacity_tokens) for _ in range(settings.dp_size)]
         self._next_rank = itertools.cycle(range(settings.dp_size))
         self._ids = itertools.count()
+        # Requests served to the end, and abandoned because the client left first (SGLang aborts those).
+        self.stats = {"completed": 0, "aborted": 0}
 
     def server_info(self) -> dict[str, Any]:
         s, lie = self.s, self.s.fault
@@ -142,9 +144,29 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"object": "error", "message": message, "type": "BadRequestError", "code": status}, status)
 
 
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects (the body is read already, so nothing else can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def build_app(sim: SimWorker) -> Starlette:
     """The Starlette app serving SGLang's endpoints from ``sim``."""
     s = sim.s
+
+    async def generating(request: Request) -> bool:
+        """The simulated generation time; False (counted as aborted) if the client left during it."""
+        if s.delay_s <= 0:
+            sim.stats["completed"] += 1
+            return True
+        work = asyncio.ensure_future(asyncio.sleep(s.delay_s))
+        gone = asyncio.ensure_future(_client_gone(request))
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (work, gone):
+            task.cancel()
+        finished = not gone.done() or work.done()
+        sim.stats["completed" if finished else "aborted"] += 1
+        return finished
 
     async def body_of(request: Request) -> dict[str, Any]:
         body = await request.json()
@@ -187,7 +209,8 @@ def build_app(sim: SimWorker) -> Starlette:
         kind = "chat.completion" if chat else "text_completion"
         usage = _usage(len(tokens), n, cached)
         if not body.get("stream"):
-            await asyncio.sleep(s.delay_s)
+            if not await generating(request):
+                return Response(status_code=499)
             text = "".join(words)
             choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
             choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
@@ -196,6 +219,15 @@ def build_app(sim: SimWorker) -> Starlette:
             )
 
         async def chunks() -> AsyncIterator[bytes]:
+            done = False
+            try:
+                async for chunk in stream():
+                    yield chunk
+                done = True
+            finally:  # a client that leaves mid-stream cancels this generator: the request is aborted
+                sim.stats["completed" if done else "aborted"] += 1
+
+        async def stream() -> AsyncIterator[bytes]:
             for i, word in enumerate(words):
                 await asyncio.sleep(s.delay_s / max(n, 1))
                 piece: dict[str, Any] = {"index": 0, "finish_reason": "length" if i == n - 1 else None}
@@ -225,12 +257,17 @@ def build_app(sim: SimWorker) -> Starlette:
             return _error(400, f"bad request: {exc}")
         n = int((body.get("sampling_params") or {}).get("max_new_tokens", 16))
         cached = sim.prefill(tokens)
-        await asyncio.sleep(s.delay_s)
+        if not await generating(request):
+            return Response(status_code=499)
         meta = {"id": sim.request_id(), "prompt_tokens": len(tokens), "completion_tokens": n, "cached_tokens": cached,
                 "finish_reason": {"type": "length", "length": n}}
         return JSONResponse({"text": "".join(sim.words(tokens, n)), "meta_info": meta})
 
+    async def stats(_: Request) -> Response:
+        return JSONResponse({"simulator": True, **sim.stats})
+
     routes = [
+        Route("/sim/stats", stats),  # the simulator's own, not an SGLang endpoint
         Route("/server_info", server_info),
         Route("/get_server_info", server_info),
         Route("/model_info", model_info),
