@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -67,6 +68,9 @@ def test_openai_client_through_exact_gateway(tmp_path: Path, profile: tuple[Path
         metrics = httpx.get(f"{gw.url}/metrics").text
         assert 'cacheon_route_decisions_total{policy="exact",reason="prefix_hit"}' in metrics
         assert "cacheon_kv_batches_total" in metrics
+        hits = re.search(r'cacheon_token_windows_total\{model="demo",outcome="hit"\} (\S+)', metrics)
+        assert hits and float(hits.group(1)) > 0  # repeated prompts reuse their tokenized windows
+        assert "cacheon_prefix_hit_tokens_total" in metrics
         assert httpx.get(f"{gw.url}/health").status_code == 200
 
         # Draining stops new requests to a worker; removal also drops its KV state.

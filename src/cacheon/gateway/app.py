@@ -57,7 +57,7 @@ class Gateway:
         self.index = BlockIndex()
         self.echoes = Echoes()
         self.workers: dict[str, Worker] = {}
-        self.metrics = Metrics(lambda: [(w.id, w.feed_totals()) for w in list(self.workers.values())])
+        self.metrics = Metrics(lambda: [(w.id, w.feed_totals()) for w in list(self.workers.values())], self.profiles)
         self.policy: Any = {
             "rr": lambda: RoundRobin(),
             "exact": lambda: Exact(self.index, cfg.load_epsilon, cfg.min_prefix_blocks, cfg.min_match_ratio),

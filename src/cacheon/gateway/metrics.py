@@ -8,6 +8,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from cacheon.gateway.hashing import CHAINS
+from cacheon.gateway.tokenize import Profile
+
 _KV = ("batches", "events", "gaps", "replays", "replay_failures", "restarts", "reconnects", "clears")
 
 
@@ -29,8 +32,29 @@ class _KvCollector:
         yield rejects
 
 
+class _TokenCacheCollector:
+    """The exact tokenization caches' counters, per model, and the shared hash-chain cache's."""
+
+    def __init__(self, profiles: dict[str, Profile]) -> None:
+        self._profiles = profiles
+
+    def collect(self) -> Iterable[Metric]:
+        windows = CounterMetricFamily("cacheon_token_windows", "tokenization windows by outcome",
+                                      labels=["model", "outcome"])
+        for model, profile in self._profiles.items():
+            cache = profile.windows
+            for outcome, n in (("hit", cache.hits), ("miss", cache.misses), ("fallback", cache.fallbacks)):
+                windows.add_metric([model, outcome], n)
+        chains = CounterMetricFamily("cacheon_hash_chain_segments", "hash-chain cache lookups by outcome",
+                                     labels=["outcome"])
+        chains.add_metric(["hit"], CHAINS.hits)
+        chains.add_metric(["miss"], CHAINS.misses)
+        yield windows
+        yield chains
+
+
 class Metrics:
-    def __init__(self, feeds: Callable[[], Iterable[tuple[str, dict[str, Any]]]]) -> None:
+    def __init__(self, feeds: Callable[[], Iterable[tuple[str, dict[str, Any]]]], profiles: dict[str, Profile]) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("cacheon_requests", "proxied requests", ["endpoint", "status"], registry=self.registry)
         self.decisions = Counter("cacheon_route_decisions", "routing decisions", ["policy", "reason"],
@@ -41,3 +65,4 @@ class Metrics:
         self.upstream_errors = Counter("cacheon_upstream_errors", "failed upstream attempts", ["worker"],
                                        registry=self.registry)
         self.registry.register(_KvCollector(feeds))
+        self.registry.register(_TokenCacheCollector(profiles))
