@@ -64,7 +64,7 @@ def pool(profile: Profile, messages: Messages, page: int) -> tuple[Exact, list[W
         w.state = READY
         workers.append(w)
         index.apply((w.id, 0), [("store", chain[: (i + 1) * len(chain) // (WORKERS + 1)])])
-    return Exact(index, 0.25, 1), workers
+    return Exact(index, 0.25, 1, 0.5), workers
 
 
 def cold(profile: Profile) -> None:
