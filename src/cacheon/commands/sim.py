@@ -65,7 +65,10 @@ def _profile(args: argparse.Namespace) -> int:
 
     from cacheon.sim.tokenizer import gateway_model, write_profile
 
-    tokenizer, template = write_profile(args.out)
+    try:
+        tokenizer, template = write_profile(args.out)
+    except OSError as exc:
+        raise UsageError(f"cannot write the profile to {args.out}: {exc.strerror}") from None
     print(yaml.safe_dump({"models": {args.model: gateway_model(tokenizer, template)}}, sort_keys=False), end="")
     return 0
 
