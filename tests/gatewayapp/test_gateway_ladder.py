@@ -21,6 +21,7 @@ EXPECTED = {
     "no_echo": "challenge_timeout",
     "wrong_echo": "challenge_failed",
     "rank_lie": "challenge_failed",
+    "wire_lie": "contract_reject",  # claims 0.5.13.post1, publishes 0.5.20's tagged maps
 }
 
 

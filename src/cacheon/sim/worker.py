@@ -31,7 +31,8 @@ from cacheon.sim.publisher import RankPublishers, kv_events_config
 # (runtime_context.py ``describe_kv_events_publisher``); before, only ``kv_events_config`` does.
 REPLAY_ADVERTISED_FROM = Version("0.5.22")
 
-FAULTS = ("tokenize_drift", "tokenize_500", "no_echo", "wrong_echo", "rank_lie", "geometry_lie", "version_lie")
+FAULTS = ("tokenize_drift", "tokenize_500", "no_echo", "wrong_echo", "rank_lie", "geometry_lie", "version_lie",
+          "wire_lie")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,15 @@ class SimSettings:
     def kv_events_config(self) -> str:
         """The JSON the publishers are built from, reported as a real server reports its argument."""
         return kv_events_config(self.kv_port, self.kv_replay_port)
+
+
+def _reported_version(version: str, lie: str | None) -> str:
+    """The version /server_info claims: wire_lie names a covered release whose wire differs from the one sent."""
+    if lie == "version_lie":
+        return "0.0.0-sim-lie"
+    if lie == "wire_lie":
+        return "0.5.13.post1" if version != "0.5.13.post1" else "0.5.23"
+    return version
 
 
 class SimWorker:
@@ -80,7 +90,7 @@ class SimWorker:
             "served_model_name": s.model,
             "page_size": page,
             "dp_size": s.dp_size,
-            "version": "0.0.0-sim-lie" if lie == "version_lie" else s.version,
+            "version": _reported_version(s.version, lie),
             "simulator": True,
             # ServerArgs.kv_events_config verbatim (a JSON string): where a client finds replay_endpoint.
             "kv_events_config": s.kv_events_config,
