@@ -19,6 +19,7 @@ worker-reported cached-token count, or the oracle is not modelling the workers.
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
 from collections.abc import Sequence
@@ -34,7 +35,6 @@ from cacheon.sim.cache import PrefixCache
 from cacheon.sim.demo import Outcome, Served, demo
 from cacheon.sim.tokenizer import BOS_TOKEN, write_profile
 
-WORKERS, SESSIONS, TURNS, ARRIVALS = 8, 48, 4, 8
 PAGE, CAPACITY, DELAY_MS = 4, 1 << 16, 200
 EPSILON: float = GatewayConfig.__dataclass_fields__["load_epsilon"].default
 
@@ -71,16 +71,17 @@ def mirror(served: Sequence[Served], tokens: list[list[int]]) -> int:
     return wrong
 
 
-def oracle(served: Sequence[Served], tokens: list[list[int]], rule: Prefix | None) -> tuple[float, float]:
+def oracle(served: Sequence[Served], tokens: list[list[int]], rule: Prefix | None,
+           workers_n: int) -> tuple[float, float]:
     """Hit rate and max/mean load of routing on every worker's real cache, wave by wave.
 
     ``rule`` None: the deepest real match within the load bound (ties by load). Otherwise exact's
     own decision rule (``Prefix.pick``: match-ratio threshold, load bound, rotating ties) fed with
     the real caches instead of the index: the difference to exact is then only what exact knows.
     """
-    caches = [Cache(PAGE, CAPACITY) for _ in range(WORKERS)]
-    workers = [Worker(str(i), WorkerSpec(url=f"http://oracle-{i}:1")) for i in range(WORKERS)]
-    load = [0] * WORKERS
+    caches = [Cache(PAGE, CAPACITY) for _ in range(workers_n)]
+    workers = [Worker(str(i), WorkerSpec(url=f"http://oracle-{i}:1")) for i in range(workers_n)]
+    load = [0] * workers_n
     cached = total = 0
     items = list(zip(served, tokens, strict=True))
     for _, wave in groupby(items, key=lambda item: item[0].wave):
@@ -89,8 +90,8 @@ def oracle(served: Sequence[Served], tokens: list[list[int]], rule: Prefix | Non
         for _, t in wave:
             held = [c.peek(t) for c in caches]
             if rule is None:
-                bound = (1 + EPSILON) * max(sum(w.in_flight for w in workers) / WORKERS, 1.0)
-                allowed = [i for i in range(WORKERS) if workers[i].in_flight <= bound]
+                bound = (1 + EPSILON) * max(sum(w.in_flight for w in workers) / workers_n, 1.0)
+                allowed = [i for i in range(workers_n) if workers[i].in_flight <= bound]
                 best = max(allowed, key=lambda i: (held[i], -workers[i].in_flight, -load[i]))
             else:
                 needed = rule.needed(len(t) // PAGE) * PAGE
@@ -102,12 +103,19 @@ def oracle(served: Sequence[Served], tokens: list[list[int]], rule: Prefix | Non
             caches[best].insert(t)
             workers[best].in_flight += 1
             load[best] += 1
-    return cached / total, max(load) / (sum(load) / WORKERS)
+    return cached / total, max(load) / (sum(load) / workers_n)
 
 
 def main() -> None:
-    outcomes: dict[str, Outcome] = {o.policy: o for o in demo(WORKERS, SESSIONS, TURNS, "0.5.13.post1", PAGE,
-                                                                CAPACITY, DELAY_MS, arrivals=ARRIVALS)}
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--sessions", type=int, default=64)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--arrivals", type=int, default=16, help="new sessions per wave")
+    args = parser.parse_args()
+    n = args.workers
+    outcomes: dict[str, Outcome] = {o.policy: o for o in demo(n, args.sessions, args.turns, "0.5.13.post1", PAGE,
+                                                                CAPACITY, DELAY_MS, arrivals=args.arrivals)}
     prompts = {p: sorted((r.wave, r.session, json.dumps(r.messages)) for r in o.served) for p, o in outcomes.items()}
     if any(v != prompts["exact"] for v in prompts.values()):
         raise SystemExit("the policies' runs did not send the same prompts")
@@ -117,11 +125,11 @@ def main() -> None:
         tokens = {p: tokenized(o.served, profile) for p, o in outcomes.items()}
     defaults = GatewayConfig.__dataclass_fields__
     rule = Prefix(EPSILON, defaults["min_prefix_blocks"].default, defaults["min_match_ratio"].default)
-    oracles = {"greedy": oracle(outcomes["exact"].served, tokens["exact"], None),
-               "rule": oracle(outcomes["exact"].served, tokens["exact"], rule)}
+    oracles = {"greedy": oracle(outcomes["exact"].served, tokens["exact"], None, n),
+               "rule": oracle(outcomes["exact"].served, tokens["exact"], rule, n)}
     best = max(rate for rate, _spread in oracles.values())
     rr = outcomes["rr"].hit_rate
-    print(f"{WORKERS} workers, {SESSIONS} sessions x {TURNS} turns, {ARRIVALS} new per wave, page {PAGE}, "
+    print(f"{n} workers, {args.sessions} sessions x {args.turns} turns, {args.arrivals} new per wave, page {PAGE}, "
           f"capacity {CAPACITY} tokens, {DELAY_MS} ms per request, epsilon {EPSILON}")
     print(f"{'policy':<13} {'hit rate':>8} {'max/mean':>8} {'vs oracle':>9} {'vs rr':>6} {'mirror misses':>13}")
     for name, o in outcomes.items():

@@ -304,14 +304,20 @@ class Gateway:
                 self.metrics.decisions.labels(self.policy.name, reason).inc()
             tried.add(worker.id)
             headers = {"x-cacheon-worker": worker.url, "x-cacheon-route": f"{self.policy.name}:{reason}"}
+            worker.in_flight += 1  # from the decision on: the next arrival of a burst must see it
+            relayed = False
             try:
                 if stream:
                     response = await self._stream(worker, path, raw, headers)
+                    relayed = True  # the relay releases the count when the stream ends
                 else:
                     response = await self._call_unless_gone(request, worker, path, raw, headers)
             except Retry as retry:
                 last = retry.response or last
                 continue
+            finally:
+                if not relayed:
+                    worker.in_flight -= 1
             self.metrics.requests.labels(path, str(response.status_code)).inc()
             return response
         if last is not None:
@@ -335,7 +341,6 @@ class Gateway:
     async def _call(self, w: Worker, path: str, raw: bytes, headers: dict[str, str]) -> Response:
         """The whole response; Retry on a transport error, a timeout or a 5xx."""
         assert self.client is not None
-        w.in_flight += 1
         try:
             async with self.client.post(f"{w.url}{path}", data=raw, headers=JSON_HEADERS,
                                         timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s)) as resp:
@@ -343,8 +348,6 @@ class Gateway:
         except TRANSPORT_ERRORS:
             self._failed(w)
             raise Retry(None) from None
-        finally:
-            w.in_flight -= 1
         response = Response(content, status, _passed(upstream, headers))
         if status >= 500:
             self._failed(w)
@@ -355,7 +358,6 @@ class Gateway:
     async def _stream(self, w: Worker, path: str, raw: bytes, headers: dict[str, str]) -> Response:
         """Chunk-by-chunk passthrough; Retry only before the status line reaches the client."""
         assert self.client is not None
-        w.in_flight += 1
         # A stream may run long: the limit is on the gap between chunks, not on the whole.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.request_timeout_s,
                                         sock_read=self.cfg.request_timeout_s)
@@ -367,7 +369,6 @@ class Gateway:
         except TRANSPORT_ERRORS:
             resp = None
         if resp is None or failed is not None:
-            w.in_flight -= 1
             self._failed(w)
             raise Retry(failed)
         w.failures = 0
