@@ -30,16 +30,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_HANDED_OUT: set[int] = set()  # ports given to a process that may not have bound them yet
+
+
 def free_range(n: int) -> int:
-    """``n`` consecutive free ports below Linux's ephemeral range (ZMQ binds them by number)."""
+    """``n`` consecutive free ports below Linux's ephemeral range (ZMQ binds them by number).
+
+    A port is free only if it binds on every address (ZMQ binds ``*``) and was not handed out
+    already in this process: a simulator started a moment ago may not have bound its ports yet.
+    """
     for _ in range(100):
         base = random.randrange(20000, 32000 - n)
+        ports = range(base, base + n)
+        if _HANDED_OUT.intersection(ports):
+            continue
         socks = []
         try:
-            for p in range(base, base + n):
+            for p in ports:
                 s = socket.socket()
                 socks.append(s)
-                s.bind(("127.0.0.1", p))
+                s.bind(("", p))
+            _HANDED_OUT.update(ports)
             return base
         except OSError:
             continue
