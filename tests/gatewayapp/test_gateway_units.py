@@ -42,6 +42,7 @@ def test_config_yaml_and_toml_agree(tmp_path: Path, profile: tuple[Path, Path]) 
         ("policy: exact\n", "policy exact tokenizes requests: configure at least one model"),
         ("listen: nowhere\n", "listen: 'nowhere' is not HOST:PORT"),
         ("policy: rr\nrequest_timeout_s: true\n", "request_timeout_s: expected"),
+        ("policy: rr\nmin_match_ratio: 1.5\n", "min_match_ratio: must be between 0 and 1"),
         ("[oops\n", "not valid YAML"),
     ],
 )
