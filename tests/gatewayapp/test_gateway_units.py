@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from cacheon.errors import UsageError
 from cacheon.gateway.config import WorkerSpec, load
 from cacheon.gateway.hashing import page_hashes
+from cacheon.gateway.http import session
 from cacheon.gateway.index import BlockIndex
 from cacheon.gateway.policy import Approx, Exact
 from cacheon.gateway.tokenize import Profile, ProfileSpec
-from cacheon.gateway.workers import READY, Discovery, Worker
+from cacheon.gateway.workers import READY, Discovery, Worker, discover
 from cacheon.sim.cache import PrefixCache
 
 
@@ -124,3 +128,26 @@ def test_approx_remembers_where_prefixes_went_within_its_bound() -> None:
     assert policy.choose([a, b], [1, 2])[1] == "fallback_miss"
     policy.forget(first.id)  # a removed worker's entries go with it
     assert policy.choose([a, b], [7, 8, 9, 10])[1] == "fallback_miss"
+
+
+@pytest.mark.parametrize("prefix", ["/", "/get_"])
+def test_discovery_reads_server_info_or_its_deprecated_alias(prefix: str) -> None:
+    """A real HTTP server answering only one spelling of SGLang's info endpoints."""
+    info = {"version": "0.5.22", "served_model_name": "demo", "kv_events_config": '{"replay_endpoint": "tcp://*:7100"}',
+            "kv_events": {"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 7000, "topic": "",
+                          "block_size": 16, "dp_size": 2}}
+
+    async def server_info(_: web.Request) -> web.Response:
+        return web.json_response(info)
+
+    async def model_info(_: web.Request) -> web.Response:
+        return web.json_response({"model_path": "/models/demo"})
+
+    async def run() -> Discovery:
+        app = web.Application()
+        app.router.add_get(f"{prefix}server_info", server_info)
+        app.router.add_get(f"{prefix}model_info", model_info)
+        async with TestServer(app) as server, session() as client:
+            return await discover(client, str(server.make_url("")).rstrip("/"), 5)
+
+    assert asyncio.run(run()) == Discovery("0.5.22", "demo", 16, 2, 7000, replay_port=7100)

@@ -46,9 +46,13 @@ async def call_json(client: aiohttp.ClientSession, method: str, url: str, timeou
         return status, None
 
 
-async def get_json(client: aiohttp.ClientSession, url: str, timeout_s: float) -> Any:
-    """A 2xx JSON answer, or CallError saying what came instead."""
-    status, got = await call_json(client, "GET", url, timeout_s)
+async def get_json(client: aiohttp.ClientSession, url: str, timeout_s: float, *,
+                   fallbacks: tuple[str, ...] = ()) -> Any:
+    """A 2xx JSON answer, or CallError saying what came instead; on a 404, each of ``fallbacks`` in turn."""
+    for candidate in (url, *fallbacks):
+        status, got = await call_json(client, "GET", candidate, timeout_s)
+        if status != 404:
+            break
     if not 200 <= status < 300 or got is None:
-        raise CallError(f"GET {url}: HTTP {status}{'' if got is not None else ', not JSON'}")
+        raise CallError(f"GET {candidate}: HTTP {status}{'' if got is not None else ', not JSON'}")
     return got

@@ -38,10 +38,14 @@ class DiscoveryError(Exception):
 
 
 async def discover(client: aiohttp.ClientSession, url: str, timeout_s: float) -> Discovery:
-    """Ask the worker; the KV port base is dialled on the worker URL's host (DESIGN.md)."""
+    """Ask the worker; the KV port base is dialled on the worker URL's host (DESIGN.md).
+
+    ``/server_info`` and ``/model_info`` first; the deprecated ``/get_*`` aliases where a release
+    answers only those.
+    """
     try:
-        info = await get_json(client, f"{url}/get_server_info", timeout_s)
-        model = await get_json(client, f"{url}/get_model_info", timeout_s)
+        info = await get_json(client, f"{url}/server_info", timeout_s, fallbacks=(f"{url}/get_server_info",))
+        model = await get_json(client, f"{url}/model_info", timeout_s, fallbacks=(f"{url}/get_model_info",))
         kv = info.get("kv_events")
         return Discovery(
             version=str(info["version"]),
