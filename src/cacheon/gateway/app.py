@@ -294,6 +294,7 @@ class Gateway:
         stream = bool(body.get("stream"))
         tried: set[str] = set()
         last: Response | None = None  # the last upstream 5xx, returned if no worker is left to try
+        failures: list[str] = []
         while pool := self._pool(model, tried):
             if not tried:
                 worker, reason, held = self.policy.choose(pool, tokens)
@@ -314,6 +315,7 @@ class Gateway:
                     response = await self._call_unless_gone(request, worker, path, raw, headers)
             except Retry as retry:
                 last = retry.response or last
+                failures.append(f"{worker.id}: {retry.why}")
                 continue
             finally:
                 if not relayed:
@@ -324,7 +326,8 @@ class Gateway:
             self.metrics.requests.labels(path, str(last.status_code)).inc()
             return last
         self.metrics.requests.labels(path, "503").inc()
-        return oai_error(503, "no healthy worker can take this request", "service_unavailable")
+        tried_note = f" (tried {'; '.join(failures)})" if failures else ""
+        return oai_error(503, f"no healthy worker can take this request{tried_note}", "service_unavailable")
 
     async def _call_unless_gone(self, request: Request, w: Worker, path: str, raw: bytes,
                                 headers: dict[str, str]) -> Response:
@@ -345,13 +348,13 @@ class Gateway:
             async with self.client.post(f"{w.url}{path}", data=raw, headers=JSON_HEADERS,
                                         timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s)) as resp:
                 content, status, upstream = await resp.read(), resp.status, resp.headers
-        except TRANSPORT_ERRORS:
+        except TRANSPORT_ERRORS as exc:
             self._failed(w)
-            raise Retry(None) from None
+            raise Retry(_transport(exc, self.cfg.request_timeout_s)) from None
         response = Response(content, status, _passed(upstream, headers))
         if status >= 500:
             self._failed(w)
-            raise Retry(response)
+            raise Retry(f"HTTP {status}", response)
         w.failures = 0
         return response
 
@@ -361,16 +364,15 @@ class Gateway:
         # A stream may run long: the limit is on the gap between chunks, not on the whole.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.request_timeout_s,
                                         sock_read=self.cfg.request_timeout_s)
-        resp = failed = None
         try:
             resp = await self.client.post(f"{w.url}{path}", data=raw, headers=JSON_HEADERS, timeout=timeout)
             if resp.status >= 500:  # read whole: it may become the answer if no worker is left
                 failed = Response(await resp.read(), resp.status, _passed(resp.headers, headers))
-        except TRANSPORT_ERRORS:
-            resp = None
-        if resp is None or failed is not None:
+                self._failed(w)
+                raise Retry(f"HTTP {resp.status}", failed)
+        except TRANSPORT_ERRORS as exc:
             self._failed(w)
-            raise Retry(failed)
+            raise Retry(_transport(exc, self.cfg.request_timeout_s)) from None
         w.failures = 0
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -392,11 +394,17 @@ class UnknownModel(ValueError):
 
 
 class Retry(Exception):
-    """This worker failed before anything reached the client; the 5xx it sent, if any, is kept."""
+    """This worker failed before anything reached the client: why, and the 5xx it sent, if any."""
 
-    def __init__(self, response: Response | None) -> None:
-        super().__init__("retry on another worker")
-        self.response = response
+    def __init__(self, why: str, response: Response | None = None) -> None:
+        super().__init__(why)
+        self.why, self.response = why, response
+
+
+def _transport(exc: BaseException, timeout_s: float) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"no answer within {timeout_s:g} s"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _passed(upstream: Any, ours: dict[str, str]) -> dict[str, str]:

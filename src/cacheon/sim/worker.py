@@ -32,7 +32,7 @@ from cacheon.sim.publisher import RankPublishers, kv_events_config
 REPLAY_ADVERTISED_FROM = Version("0.5.22")
 
 FAULTS = ("tokenize_drift", "tokenize_500", "no_echo", "wrong_echo", "rank_lie", "geometry_lie", "version_lie",
-          "wire_lie")
+          "wire_lie", "generate_500")
 
 
 @dataclass(frozen=True)
@@ -207,6 +207,8 @@ def build_app(sim: SimWorker) -> Starlette:
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": 1 << 20})
 
     async def generate_openai(request: Request, chat: bool) -> Response:
+        if s.fault == "generate_500":
+            return _error(500, "simulated engine failure")
         try:
             body = await body_of(request)
             tokens = sim.profile.encode_chat(body["messages"]) if chat else sim.prefill_tokens(body)
@@ -260,6 +262,8 @@ def build_app(sim: SimWorker) -> Starlette:
         return await generate_openai(request, chat=True)
 
     async def generate(request: Request) -> Response:
+        if s.fault == "generate_500":
+            return _error(500, "simulated engine failure")
         try:
             body = await body_of(request)
             tokens = sim.prefill_tokens(body)
