@@ -35,6 +35,8 @@ run: setup
 	$(CACHEON) verify examples/bundles/attention-torch
 	@echo; echo "== verify: broken silu_and_mul that drops the SiLU (FAIL, exit 2 expected)"
 	$(CACHEON) verify examples/bundles/silu-broken-no-silu; test $$? -eq 2
+	@echo; echo "== gateway demo: rr vs approx vs exact over SIMULATED SGLang workers (fake completions, real caches and KV events)"
+	$(CACHEON) demo
 
 # Two workers: most tests drive the real CLI and candidate child processes, which are CPU-bound.
 test: setup
