@@ -267,12 +267,15 @@ def test_unreplayable_hole_drops_the_rank(release: ReleasePublisher, harness) ->
     )
     join(subscriber, release, [feed])
     release.publish(0, stored(A, None))
-    lossy.drop_next(4)  # the ROUTER keeps 2 batches: the first two dropped are gone for good
+    # A must be through before the hop starts dropping (publishing is asynchronous): otherwise A is the
+    # first batch dropped, the hole is found one batch early, and the 2-batch window holds 13.
+    pump_until(subscriber, lambda: index.longest_prefix(A) != {}, "the batch before the hole")
+    lossy.drop_next(4)  # 11-14 dropped; the ROUTER keeps 2 batches (14, 15): 11-13 are gone for good
     for h in (11, 12, 13, 14, 15):
         release.publish(0, stored([h], None))
     pump_until(subscriber, lambda: index.longest_prefix([15]) != {}, "the batch after the hole")
     counters = subscriber.counters()
     assert counters["gaps"] == 1 and counters["replay_failures"] == 1 and counters["clears"] == 1
     assert index.longest_prefix(A) == {}
-    assert index.longest_prefix([13]) == {}  # lost with the hole
+    assert index.longest_prefix([11]) == index.longest_prefix([12]) == index.longest_prefix([13]) == {}
     assert index.longest_prefix([14]) == {("w", 0): 1}  # what replay still had is applied
