@@ -27,7 +27,6 @@ from itertools import groupby
 from pathlib import Path
 
 from cacheon.gateway.config import GatewayConfig, WorkerSpec
-from cacheon.gateway.hashing import page_hashes
 from cacheon.gateway.policy import Prefix
 from cacheon.gateway.tokenize import Profile, ProfileSpec
 from cacheon.gateway.workers import Worker
@@ -37,18 +36,6 @@ from cacheon.sim.tokenizer import BOS_TOKEN, write_profile
 
 PAGE, CAPACITY, DELAY_MS = 4, 1 << 16, 200
 EPSILON: float = GatewayConfig.__dataclass_fields__["load_epsilon"].default
-
-
-class Cache(PrefixCache):
-    """The workers' cache, plus a look that does not refresh LRU order (the oracle peeks at all)."""
-
-    def peek(self, tokens: Sequence[int]) -> int:
-        depth = 0
-        for h in page_hashes(tokens, self.page_size):
-            if h not in self._parent:
-                break
-            depth += 1
-        return depth * self.page_size
 
 
 def tokenized(served: Sequence[Served], profile: Profile) -> list[list[int]]:
@@ -62,10 +49,10 @@ def tokenized(served: Sequence[Served], profile: Profile) -> list[list[int]]:
 
 def mirror(served: Sequence[Served], tokens: list[list[int]]) -> int:
     """Requests whose reported cached tokens a replay of the run's own routing does not reproduce."""
-    caches: dict[str, Cache] = {}
+    caches: dict[str, PrefixCache] = {}
     wrong = 0
     for r, t in zip(served, tokens, strict=True):
-        cache = caches.setdefault(r.worker, Cache(PAGE, CAPACITY))
+        cache = caches.setdefault(r.worker, PrefixCache(PAGE, CAPACITY))
         wrong += cache.match(t) != r.cached_tokens
         cache.insert(t)
     return wrong
@@ -79,7 +66,7 @@ def oracle(served: Sequence[Served], tokens: list[list[int]], rule: Prefix | Non
     own decision rule (``Prefix.pick``: match-ratio threshold, load bound, rotating ties) fed with
     the real caches instead of the index: the difference to exact is then only what exact knows.
     """
-    caches = [Cache(PAGE, CAPACITY) for _ in range(workers_n)]
+    caches = [PrefixCache(PAGE, CAPACITY) for _ in range(workers_n)]
     workers = [Worker(str(i), WorkerSpec(url=f"http://oracle-{i}:1")) for i in range(workers_n)]
     load = [0] * workers_n
     cached = total = 0
@@ -88,7 +75,7 @@ def oracle(served: Sequence[Served], tokens: list[list[int]], rule: Prefix | Non
         for w in workers:
             w.in_flight = 0
         for _, t in wave:
-            held = [c.peek(t) for c in caches]
+            held = [c.match(t, touch=False) for c in caches]
             if rule is None:
                 bound = (1 + EPSILON) * max(sum(w.in_flight for w in workers) / workers_n, 1.0)
                 allowed = [i for i in range(workers_n) if workers[i].in_flight <= bound]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cacheon.gateway import hashing
-from cacheon.gateway.config import WorkerSpec
+from cacheon.gateway.config import GatewayConfig, WorkerSpec
 from cacheon.gateway.index import BlockIndex
 from cacheon.gateway.policy import Exact
 from cacheon.gateway.tokenize import Profile, ProfileSpec
@@ -64,7 +64,8 @@ def pool(profile: Profile, messages: Messages, page: int) -> tuple[Exact, list[W
         w.state = READY
         workers.append(w)
         index.apply((w.id, 0), [("store", chain[: (i + 1) * len(chain) // (WORKERS + 1)])])
-    return Exact(index, 0.25, 1, 0.5), workers
+    d = {k: f.default for k, f in GatewayConfig.__dataclass_fields__.items()}  # the gateway's defaults
+    return Exact(index, d["load_epsilon"], d["min_prefix_blocks"], d["min_match_ratio"]), workers
 
 
 def cold(profile: Profile) -> None:

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from cacheon.sim.launch import Gateway, Sim
+from cacheon.sim.tokenizer import gateway_model
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -55,7 +56,7 @@ def test_requests_only_reach_workers_serving_their_model(tmp_path: Path, profile
                                                                          model="other")
         for s in (demo, other):
             s.ready()
-        spec = {"tokenizer": str(profile[0]), "chat_template": str(profile[1]), "bos_token": "<s>"}
+        spec = gateway_model(*profile)
         gw = Gateway(stack, tmp_path, profile, "rr", [{"url": demo.url}, {"url": other.url}],
                      models={"demo": spec, "other": spec})
         gw.wait_discovered([demo.url, other.url])

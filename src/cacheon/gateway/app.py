@@ -27,6 +27,7 @@ from cacheon.errors import UsageError
 from cacheon.gateway.attest import Echoes, run_ladder
 from cacheon.gateway.config import GatewayConfig, worker_spec
 from cacheon.gateway.contracts import by_id
+from cacheon.gateway.disconnect import unless_client_leaves
 from cacheon.gateway.http import JSON_HEADERS, TRANSPORT_ERRORS, session
 from cacheon.gateway.index import BlockIndex
 from cacheon.gateway.metrics import Metrics
@@ -36,12 +37,6 @@ from cacheon.gateway.tokenize import Profile
 from cacheon.gateway.workers import FENCED, READY, Discovery, Worker, discover
 
 _HOP = {"content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
-
-
-async def _disconnect(request: Request) -> None:
-    """Returns when the client goes away (the body is already read, so only a disconnect is left)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 def oai_error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> JSONResponse:
@@ -126,7 +121,7 @@ class Gateway:
                 return
             self._unsubscribe(worker)
         sub = Subscriber(self.index, lambda d, wid=worker.id: self.echoes.on_delivery(wid, d))
-        replay = found.replay_port or worker.spec.kv_replay_port
+        replay = worker.replay_port
         sub.add_worker(
             worker.id, f"tcp://{worker.kv_host}:{found.kv_port}", by_id(worker.contract_id or ""),
             range(found.dp_size), replay_base=f"tcp://{worker.kv_host}:{replay}" if replay else None,
@@ -149,9 +144,7 @@ class Gateway:
         worker.subscriber = worker.thread = None
 
     def _sync_seen(self, worker: Worker) -> None:
-        totals = worker.feed_totals()
-        worker.seen_resets = sum(totals.get(k, 0) for k in ("restarts", "reconnects", "clears"))  # type: ignore[misc]
-        worker.seen_rejects = sum(totals.get("rejects", {}).values())  # type: ignore[union-attr]
+        worker.seen_resets, worker.seen_rejects = worker.resets(), worker.rejects()
 
     async def drain(self, worker: Worker) -> None:
         worker.draining = True
@@ -188,9 +181,7 @@ class Gateway:
             w.failures, w.open_until = 0, 0.0
         if self.cfg.policy != "exact" or not ok:
             return
-        totals = w.feed_totals()
-        resets = sum(totals.get(k, 0) for k in ("restarts", "reconnects", "clears"))  # type: ignore[misc]
-        rejects = sum(totals.get("rejects", {}).values())  # type: ignore[union-attr]
+        resets, rejects = w.resets(), w.rejects()
         if rejects > w.seen_rejects:
             w.set_state(FENCED, "contract_reject", f"{rejects - w.seen_rejects} KV batch(es) refused by the decoder")
         now = time.time()
@@ -218,7 +209,7 @@ class Gateway:
             "draining": w.draining,
             "breaker_open": time.time() < w.open_until,
             "in_flight": w.in_flight,
-            "kv_replay_port": (d.replay_port if d else None) or w.spec.kv_replay_port,
+            "kv_replay_port": w.replay_port,
             "indexed_blocks": sum(self.index.blocks((w.id, r)) for r in range(d.dp_size if d else 0)),
             "last_seq": w.last_seq(),
             "rejects": totals.get("rejects", {}),
@@ -312,7 +303,8 @@ class Gateway:
                     response = await self._stream(worker, path, raw, headers)
                     relayed = True  # the relay releases the count when the stream ends
                 else:
-                    response = await self._call_unless_gone(request, worker, path, raw, headers)
+                    answered, called = await unless_client_leaves(request, self._call(worker, path, raw, headers))
+                    response = called if answered else Response(status_code=499)  # closed upstream too
             except Retry as retry:
                 last = retry.response or last
                 failures.append(f"{worker.id}: {retry.why}")
@@ -328,18 +320,6 @@ class Gateway:
         self.metrics.requests.labels(path, "503").inc()
         tried_note = f" (tried {'; '.join(failures)})" if failures else ""
         return oai_error(503, f"no healthy worker can take this request{tried_note}", "service_unavailable")
-
-    async def _call_unless_gone(self, request: Request, w: Worker, path: str, raw: bytes,
-                                headers: dict[str, str]) -> Response:
-        """The upstream call, cancelled (and so closed) if the client disconnects first."""
-        call = asyncio.ensure_future(self._call(w, path, raw, headers))
-        gone = asyncio.ensure_future(_disconnect(request))
-        await asyncio.wait({call, gone}, return_when=asyncio.FIRST_COMPLETED)
-        gone.cancel()
-        if not call.done():  # the client left: cancelling closes the upstream connection
-            call.cancel()
-            return Response(status_code=499)
-        return call.result()
 
     async def _call(self, w: Worker, path: str, raw: bytes, headers: dict[str, str]) -> Response:
         """The whole response; Retry on a transport error, a timeout or a 5xx."""

@@ -139,10 +139,6 @@ async def token_parity(client: aiohttp.ClientSession, worker: Worker, model: str
                 raise Fence("token_mismatch", f"probe {text!r}: worker {got['tokens'][:12]}..., gateway {mine[:12]}...")
 
 
-def _rejects(worker: Worker) -> int:
-    return sum(worker.feed_totals().get("rejects", {}).values())
-
-
 def _echoed(seen: list[tuple[int, int, tuple[int, ...]]], pages: list[tuple[int, ...]], chain: list[int]) -> bool:
     """True once the challenge's pages came back right, False while not all are in; Fence if wrong.
 
@@ -171,7 +167,7 @@ def _echoed(seen: list[tuple[int, int, tuple[int, ...]]], pages: list[tuple[int,
 async def hash_challenge(client: aiohttp.ClientSession, worker: Worker, model: str, profile: Profile,
                          echoes: Echoes, timeout_s: float) -> None:
     """A nonce prompt of >= 2 full pages; its predicted BlockStored pages must come back on one rank."""
-    rejected_before = _rejects(worker)
+    rejected_before = worker.rejects()
     page = worker.discovery.page_size  # type: ignore[union-attr]
     prompt = f"{secrets.token_hex(16)} cacheon attestation"  # nonce first: no page can be cached
     # Pages made only of what precedes the nonce (a BOS quirk) may be cached already: not due.
@@ -196,8 +192,8 @@ async def hash_challenge(client: aiohttp.ClientSession, worker: Worker, model: s
             seen = echoes.take(worker.id)
             if _echoed(seen, pages, chain):
                 return
-            if _rejects(worker) > rejected_before:  # the echo may be among the batches the decoder refused
-                raise Fence("contract_reject", f"{_rejects(worker) - rejected_before} KV batch(es) refused by the "
+            if worker.rejects() > rejected_before:  # the echo may be among the batches the decoder refused
+                raise Fence("contract_reject", f"{worker.rejects() - rejected_before} KV batch(es) refused by the "
                             f"{worker.contract_id} decoder during the challenge")
             if time.monotonic() > deadline:
                 got = len(set(chain) & {h for h, _, _ in seen})

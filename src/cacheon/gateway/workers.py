@@ -119,6 +119,21 @@ class Worker:
     def feed_totals(self) -> dict[str, Any]:
         return self.subscriber.counters() if self.subscriber else {}
 
+    def resets(self) -> int:
+        """Restarts, reconnects and clears its KV feeds counted: each one can mean a changed cache."""
+        totals = self.feed_totals()
+        return sum(totals.get(k, 0) for k in ("restarts", "reconnects", "clears"))
+
+    def rejects(self) -> int:
+        """KV batches the decoder refused, all reasons together."""
+        return sum(self.feed_totals().get("rejects", {}).values())
+
+    @property
+    def replay_port(self) -> int | None:
+        """Rank 0's replay port: discovered from the worker's server args, else as configured."""
+        found = self.discovery.replay_port if self.discovery else None
+        return found or self.spec.kv_replay_port
+
     def last_seq(self) -> dict[int, int | None]:
         if self.subscriber is None:
             return {}

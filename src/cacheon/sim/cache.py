@@ -36,14 +36,14 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._parent)
 
-    def match(self, tokens: Sequence[int]) -> int:
-        """How many leading tokens are cached (touches the matched path)."""
+    def match(self, tokens: Sequence[int], touch: bool = True) -> int:
+        """How many leading tokens are cached; ``touch`` refreshes the matched path's LRU order, as a hit does."""
         hits = 0
         for h in page_hashes(tokens, self.page_size):
             if h not in self._parent:
                 break
             hits += 1
-            if h in self._leaves:
+            if touch and h in self._leaves:
                 self._leaves.move_to_end(h)
         return hits * self.page_size
 

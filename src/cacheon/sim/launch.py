@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import yaml
 
+from cacheon.sim.tokenizer import gateway_model
+
 WAIT_S = 60.0  # generous: a loaded 2-core box
 RELEASES = Path(os.environ.get("SGLANG_RELEASES_DIR", ".sglang"))
 
@@ -128,8 +130,7 @@ class Gateway:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cfg = {"listen": f"127.0.0.1:{self.port}", "policy": policy, "workers": workers,
-               "models": {"demo": {"tokenizer": str(profile[0]), "chat_template": str(profile[1]),
-                                   "bos_token": "<s>"}},
+               "models": {"demo": gateway_model(*profile)},
                "health_interval_s": 0.5, "challenge_timeout_s": 5, **extra}
         path = tmp / f"gateway-{self.port}.yaml"
         path.write_text(yaml.safe_dump(cfg))

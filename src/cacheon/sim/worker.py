@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from cacheon.gateway.disconnect import unless_client_leaves
 from cacheon.gateway.tokenize import Profile
 from cacheon.sim.cache import PrefixCache
 from cacheon.sim.publisher import RankPublishers, kv_events_config
@@ -154,12 +155,6 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"object": "error", "message": message, "type": "BadRequestError", "code": status}, status)
 
 
-async def _client_gone(request: Request) -> None:
-    """Returns when the client disconnects (the body is read already, so nothing else can arrive)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 def build_app(sim: SimWorker) -> Starlette:
     """The Starlette app serving SGLang's endpoints from ``sim``."""
     s = sim.s
@@ -169,12 +164,7 @@ def build_app(sim: SimWorker) -> Starlette:
         if s.delay_s <= 0:
             sim.stats["completed"] += 1
             return True
-        work = asyncio.ensure_future(asyncio.sleep(s.delay_s))
-        gone = asyncio.ensure_future(_client_gone(request))
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (work, gone):
-            task.cancel()
-        finished = not gone.done() or work.done()
+        finished, _ = await unless_client_leaves(request, asyncio.sleep(s.delay_s))
         sim.stats["completed" if finished else "aborted"] += 1
         return finished
 
