@@ -29,20 +29,19 @@ def test_openai_client_through_exact_gateway(tmp_path: Path, profile: tuple[Path
         assert {s["contract"] for s in status.values()} == {"sglang-kv-rank-v1", "sglang-kv-rank-v4"}
 
         client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", timeout=30, max_retries=0)
+        indexed = {url: w["indexed_blocks"] for url, w in status.items()}
         raw = client.completions.with_raw_response.create(model="demo", prompt=LONG, max_tokens=5)
         done = raw.parse()
         assert raw.headers["x-cacheon-worker"] in {s.url for s in sims}
         assert raw.headers["x-cacheon-route"].startswith("exact:")
         assert done.choices[0].text.strip() and done.usage.completion_tokens == 5
 
-        # Once its KV events are indexed, the same prefix goes back to the same worker.
+        # Once its KV events are indexed, the same prefix goes back to the same worker. Probing before then
+        # would be a miss that caches the longer probe elsewhere, and that worker would rightly win after.
         first = raw.headers["x-cacheon-worker"]
-
-        def hit() -> bool:
-            again = client.completions.with_raw_response.create(model="demo", prompt=LONG + " more", max_tokens=1)
-            return again.headers["x-cacheon-route"] == "exact:prefix_hit" and again.headers["x-cacheon-worker"] == first
-
-        wait_until(hit, "a prefix hit on the worker that cached the prompt", 20)
+        wait_until(lambda: gw.status()[first]["indexed_blocks"] > indexed[first], "the prompt's KV events", 20)
+        again = client.completions.with_raw_response.create(model="demo", prompt=LONG + " more", max_tokens=1)
+        assert (again.headers["x-cacheon-route"], again.headers["x-cacheon-worker"]) == ("exact:prefix_hit", first)
 
         pieces = list(client.completions.create(model="demo", prompt="stream me", max_tokens=4, stream=True))
         assert len(pieces) == 4 and all(p.choices[0].text for p in pieces)
