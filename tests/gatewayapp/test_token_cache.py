@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
+from cacheon.gateway import hashing
 from cacheon.gateway.hashing import ChainCache, Tokens, page_hashes
 from cacheon.gateway.lru import BoundedLRU
 from cacheon.gateway.tokencache import affixes, anchors
@@ -97,21 +98,55 @@ def test_a_failed_window_check_falls_back_to_whole_text(profile: tuple[Path, Pat
     assert not isinstance(overlap.windows.encode(text), Tokens)
 
 
-def test_multi_turn_history_hits_the_caches(profile: tuple[Path, Path]) -> None:
+def _check(profile: Profile, text: str) -> None:
+    """Cached encoding (windows, stems) and cached hashing equal their uncached forms."""
+    plain = profile.tokenizer.encode(text, add_special_tokens=False).ids
+    assert profile.windows.encode(text) == plain
+    assert profile.encode(text) == profile.tokenizer.encode(text).ids
+    for page in (1, 3):
+        assert page_hashes(profile.windows.encode(text), page) == page_hashes(plain, page)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=st.lists(TEXT, min_size=1, max_size=5), forks=st.lists(TEXT, max_size=3))
+def test_prompts_that_extend_earlier_ones_resume_exactly(profiles: list[Profile], pieces: list[str],
+                                                         forks: list[str]) -> None:
+    for profile in profiles:
+        text = ""
+        for piece in pieces:  # each prompt extends the one before, as chat turns do
+            text += piece
+            _check(profile, text)
+        for fork in forks:  # and prompts that leave the conversation part way
+            _check(profile, pieces[0][: len(pieces[0]) // 2] + fork)
+
+
+@pytest.mark.parametrize("depth", [64, 2])  # 2: stems start over flat every third turn
+def test_multi_turn_history_resumes_from_the_previous_turn(profile: tuple[Path, Path], depth: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hashing, "STEM_DEPTH", depth)
     chat = Profile(ProfileSpec(profile[0], profile[1], bos_token="<s>", eos_token="</s>"))
     chains = ChainCache()
     history = [{"role": "system", "content": "You are a helpful assistant."}]
-    for turn in range(5):
+    for turn in range(6):
         history += [{"role": "user", "content": f"Question {turn}: the quick brown fox?"}]
-        hits, chain_hits = chat.windows.hits, chains.hits
+        stems, looked, walked = chat.windows.stem_hits, chat.windows.hits + chat.windows.misses, chains.hits + chains.misses
         tokens = chat.encode_chat(history)
         assert isinstance(tokens, Tokens)
         assert tokens == chat.tokenizer.encode(chat.render_chat(history), add_special_tokens=False).ids
-        assert chains.page_hashes(tokens.segments, 1) == page_hashes(list(tokens), 1)
-        if turn:  # everything but the new message and the answer before it came from the caches
-            assert chat.windows.hits - hits == len(tokens.segments) - 2
-            assert chains.hits - chain_hits == len(tokens.segments) - 3
+        for page in (1, 2):
+            assert chains.page_hashes(tokens.segments, page, tokens.stem, tokens.mark) == page_hashes(list(tokens), page)
+        assert tokens.mark is not None and tokens.mark.depth == (turn if depth > 6 else turn % (depth + 1))
+        if turn:  # the cost follows the new text: the answer, the question and the generation prompt
+            assert chat.windows.stem_hits - stems == 1
+            assert chat.windows.hits + chat.windows.misses - looked == 3
+            assert chains.hits + chains.misses - walked == 2 * 3
         history += [{"role": "assistant", "content": f"Answer {turn}."}]
+    # An edited earlier message is not the same conversation: no stem, still exact, windows reused.
+    history[1] = {"role": "user", "content": "Question 0: the lazy dog?"}
+    stems, misses = chat.windows.stem_hits, chat.windows.misses
+    assert chat.encode_chat(history) == chat.tokenizer.encode(chat.render_chat(history), add_special_tokens=False).ids
+    assert chat.windows.stem_hits == stems
+    assert chat.windows.misses - misses == 2  # the edited message, and the last answer (never sent before)
 
 
 def _config(**extra: object) -> dict:

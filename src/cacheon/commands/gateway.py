@@ -35,9 +35,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     from cacheon.gateway.app import build_app
     from cacheon.gateway.config import load
+    from cacheon.gateway.heap import freeze_startup_objects
 
     cfg = load(args.config)
     app = build_app(cfg)
+    freeze_startup_objects()
     print(f"cacheon gateway ({cfg.policy}) on http://{cfg.host}:{cfg.port}", flush=True)
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", access_log=False)
     return 0

@@ -8,6 +8,12 @@ with its real neighbouring anchors, ``prev_anchor + piece + next_anchor``, and t
 encode to ids that start and end with those anchors' ids. When any window fails that check the
 whole text is encoded uncached: the cache can be slow, never wrong.
 
+A prompt that extends an earlier one past one of its anchors (the next turn of a chat re-sends
+the history) resumes from that prompt's state at its last anchor, a ``Stem``: the windows before
+it are the same windows, because a regex scan resumes after each match and no anchor is part of
+another, so the scan of any text starting with ``text[:end of that anchor]`` matches the same
+anchors up to there. A stem is found by an exact string comparison, never by a hash alone.
+
 Anchors are added tokens matched before normalization (so the split above happens at them),
 not touching whitespace (so no neighbour's strip reaches across them) and contained in no other
 added token (so no longer match can span a window edge unseen by both windows).
@@ -21,11 +27,12 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from cacheon.gateway.hashing import Segment, Tokens
+from cacheon.gateway.hashing import Segment, Stem, Tokens
 from cacheon.gateway.lru import BoundedLRU
 
 Affixes = tuple[Segment, Segment]
 WindowKey = tuple[int | None, int | None, str]  # previous anchor id, next anchor id, window text
+STEM_PROBES = 16  # anchors tried from a prompt's end when looking for the earlier prompt it extends
 
 
 def anchors(config: dict[str, Any], template: str, named: Iterable[str | None]) -> dict[str, int] | None:
@@ -91,46 +98,109 @@ def _strip(key: WindowKey, ids: list[int]) -> Segment | None:
     return tuple(ids[1:] if prev is not None else ids)
 
 
+class _Resume:
+    """Where a stem leaves off in the text: the last anchor's start and id, and its end (the stem's text)."""
+
+    __slots__ = ("anchor", "start", "stem", "text")
+
+    def __init__(self, stem: Stem, text: str, start: int, anchor: int) -> None:
+        self.stem, self.text, self.start, self.anchor = stem, text, start, anchor
+
+
 class WindowEncoder:
     """``tokenizer.encode(text, add_special_tokens=False)`` with windows cached in a bounded LRU."""
 
     def __init__(self, tokenizer: Tokenizer, anchor_ids: dict[str, int] | None,
-                 max_entries: int = 1 << 16, max_tokens: int = 1 << 21) -> None:
+                 max_entries: int = 1 << 16, max_tokens: int = 1 << 21, max_stem_chars: int = 1 << 24) -> None:
         self.tokenizer = tokenizer
         self.enabled = anchor_ids is not None
         self._ids = anchor_ids or {}
         pattern = "|".join(map(re.escape, sorted(self._ids, key=len, reverse=True)))
         self._split = re.compile(pattern) if pattern else None
         self._cache: BoundedLRU[Segment] = BoundedLRU(max_entries, max_tokens)
-        self.hits = self.misses = self.fallbacks = 0
+        # Keyed by (leading affix, stem text length, its last characters); the text itself is compared.
+        # Weighted by the characters of text each keeps, which dominate a stem's memory.
+        self._stems: BoundedLRU[_Resume] = BoundedLRU(max_entries, max_stem_chars)
+        self.hits = self.misses = self.fallbacks = self.stem_hits = 0
 
     def clear(self) -> None:
-        """Forget every window (a benchmark's cold start, a tokenizer reload)."""
+        """Forget every window and stem (a benchmark's cold start, a tokenizer reload)."""
         self._cache.clear()
+        self._stems.clear()
 
     def encode(self, text: str, affix: Affixes = ((), ())) -> list[int]:
         """``affix[0] + encode(text).ids + affix[1]``; a ``Tokens`` when built from cached windows."""
-        segments = self._segments(text) if self.enabled else None
-        if segments is None:
+        tokens = self._cached(text, affix) if self.enabled else None
+        if tokens is None:
             return [*affix[0], *self.tokenizer.encode(text, add_special_tokens=False).ids, *affix[1]]
-        return Tokens([s for s in (affix[0], *segments, affix[1]) if s])
+        return tokens
 
-    def _windows(self, text: str) -> list[WindowKey]:
+    def _cached(self, text: str, affix: Affixes) -> Tokens | None:
+        resume = self._find_stem(text, affix[0])
+        stem = resume.stem if resume is not None else None
+        if resume is None:
+            keys, last = self._windows(text, 0, None, 0)
+        else:
+            self.stem_hits += 1
+            keys, last = self._windows(text, resume.start, resume.anchor, len(resume.text))
+        segments = self._segments(keys)
+        if segments is None:
+            return None
+        head: tuple[Segment, ...] = (affix[0],) if affix[0] else ()
+        new = (() if stem else head) + tuple(s for s in segments if s)
+        final = segments[-1]  # the window after the last anchor: not part of this prompt's stem
+        mark = None if last is None else Stem(stem, new[: len(new) - (1 if final else 0)])
+        tail = (affix[1],) if affix[1] else ()
+        tokens = Tokens((stem.segments() if stem else ()) + new + tail, stem, mark)
+        if mark is not None and last is not None:
+            self._remember(text, affix[0], mark, *last)
+        return tokens
+
+    def _find_stem(self, text: str, head: Segment) -> _Resume | None:
+        """The stem of an earlier prompt that this text extends, trying its last anchors from the end.
+
+        Keeps each anchor's last occurrence and searches again only for the one just tried, so the
+        probes scan the text once per anchor, not once per probe.
+        """
+        ends = {a: i + len(a) for a in self._ids if (i := text.rfind(a)) >= 0}
+        for _ in range(STEM_PROBES):
+            if not ends:
+                return None
+            anchor = max(ends, key=ends.__getitem__)
+            end = ends[anchor]
+            found = self._stems.get((head, end, text[max(0, end - 32) : end]))
+            if found is not None and text.startswith(found.text):
+                return found
+            i = text.rfind(anchor, 0, end - 1)
+            if i < 0:
+                del ends[anchor]
+            else:
+                ends[anchor] = i + len(anchor)
+        return None
+
+    def _remember(self, text: str, head: Segment, stem: Stem, start: int, end: int, anchor: int) -> None:
+        key = (head, end, text[max(0, end - 32) : end])
+        self._stems.put(key, _Resume(stem, text[:end], start, anchor), end)
+
+    def _windows(self, text: str, start: int, prev: int | None,
+                 scan: int) -> tuple[list[WindowKey], tuple[int, int, int] | None]:
+        """Window keys from ``start`` (an anchor with id ``prev`` ending at ``scan``, or the text's start),
+        and the (start, end, id) of the last anchor after ``scan``, if any."""
         keys: list[WindowKey] = []
-        start, prev = 0, None
-        for match in self._split.finditer(text) if self._split else ():
+        last = None
+        for match in self._split.finditer(text, scan) if self._split else ():
             nxt = self._ids[match.group()]
             keys.append((prev, nxt, text[start : match.end()]))
             start, prev = match.start(), nxt
+            last = (match.start(), match.end(), nxt)
         keys.append((prev, None, text[start:]))
-        return keys
+        return keys, last
 
-    def _segments(self, text: str) -> list[Segment] | None:
+    def _segments(self, keys: list[WindowKey]) -> list[Segment] | None:
         """Each window's ids, encoding the missing ones; None after a failed check.
 
         One by one: ``encode_batch``'s thread pool measured slower than a loop on a small host.
         """
-        keys = self._windows(text)
         found = {key: ids for key in keys if (ids := self._cache.get(key)) is not None}
         missing = [key for key in dict.fromkeys(keys) if key not in found]
         self.hits += len(keys) - len(missing)
