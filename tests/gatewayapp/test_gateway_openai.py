@@ -69,6 +69,8 @@ def test_openai_client_through_exact_gateway(tmp_path: Path, profile: tuple[Path
         assert "cacheon_kv_batches_total" in metrics
         hits = re.search(r'cacheon_token_windows_total\{model="demo",outcome="hit"\} (\S+)', metrics)
         assert hits and float(hits.group(1)) > 0  # repeated prompts reuse their tokenized windows
+        stems = re.search(r'cacheon_token_stems_total\{model="demo"\} (\S+)', metrics)
+        assert stems and float(stems.group(1)) > 0  # the second chat request resumed from the first's stem
         assert "cacheon_prefix_hit_tokens_total" in metrics
         assert httpx.get(f"{gw.url}/health").status_code == 200
 

@@ -45,11 +45,16 @@ class _TokenCacheCollector:
             cache = profile.windows
             for outcome, n in (("hit", cache.hits), ("miss", cache.misses), ("fallback", cache.fallbacks)):
                 windows.add_metric([model, outcome], n)
+        stems = CounterMetricFamily("cacheon_token_stems", "prompts resumed from an earlier prompt's stem",
+                                    labels=["model"])
+        for model, profile in self._profiles.items():
+            stems.add_metric([model], profile.windows.stem_hits)
         chains = CounterMetricFamily("cacheon_hash_chain_segments", "hash-chain cache lookups by outcome",
                                      labels=["outcome"])
         chains.add_metric(["hit"], CHAINS.hits)
         chains.add_metric(["miss"], CHAINS.misses)
         yield windows
+        yield stems
         yield chains
 
 
