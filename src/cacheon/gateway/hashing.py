@@ -37,7 +37,8 @@ class Stem:
     A prompt that starts with these segments resumes from here. Each stem keeps only the segments
     (and nodes) it adds to its parent's: copying the whole history into every turn's stem would
     leave long tuples for the garbage collector's next young pass to traverse, tens of them at
-    once, which measured as millisecond pauses on the routing path.
+    once, which measured as millisecond pauses on the routing path. A stem's text covers its
+    ancestors' segments, so the text-weighted LRU that holds stems also bounds what they keep alive.
     """
 
     __slots__ = ("chains", "count", "depth", "own", "parent")

@@ -1,7 +1,7 @@
 """Which (worker, rank) sources hold which KV blocks, and the longest cached prefix of a chain.
 
 One dict maps a block id to a bit mask of the sources holding it, so a prefix query is one
-lookup and one AND per block, however many workers there are, and a block held by one source
+lookup per block and one AND per change of holders, however many workers there are; a block held by one source
 shares that source's bit object. Each source keeps a FIFO of the ids it stored, which bounds
 its inventory (oldest out first) and makes clearing it proportional to its own size. The index
 knows nothing about SGLang versions: it takes store / remove / clear operations on 64-bit ids.
@@ -10,11 +10,10 @@ knows nothing about SGLang versions: it takes store / remove / clear operations 
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Hashable, Iterable, Sequence
-from itertools import accumulate, repeat, takewhile
-from operator import and_
+from itertools import compress, count, islice, repeat, takewhile
+from operator import ne
 
 Operation = tuple[str, Sequence[int]]
 
@@ -82,19 +81,25 @@ class BlockIndex:
     def longest_prefix(self, chain: Sequence[int]) -> dict[Hashable, int]:
         """For each source holding the chain's first block: how many leading blocks it holds.
 
-        ``alive[i]`` is the mask of sources holding blocks 0..i. It is computed at C speed and
-        only ever loses bits, so it is constant over a few long runs: each run's end is found by
-        bisection, and the sources that drop out there get that depth. No Python loop per block.
+        The holder masks are read at C speed up to the first block nobody holds (no source's run
+        can pass it). The running AND of the masks only changes where a mask differs from the one
+        before, so only those positions, found at C speed too, are visited in Python: the sources
+        that drop out there get that depth. No Python step per block.
         """
         out: dict[Hashable, int] = {}
         with self._lock:
-            alive = list(takewhile(bool, accumulate(map(self._holders.get, chain, repeat(0)), and_)))
-            start, end = 0, len(alive)
-            while start < end:
-                mask = alive[start]
-                stop = bisect_left(alive, True, start, end, key=mask.__ne__)  # first index where it changed
-                self._record(mask ^ (alive[stop] if stop < end else 0), stop, out)
-                start = stop
+            masks = list(takewhile(bool, map(self._holders.get, chain, repeat(0))))
+            if not masks:
+                return out
+            alive = masks[0]
+            for i in compress(count(1), map(ne, masks, islice(masks, 1, None))):
+                kept = alive & masks[i]
+                if kept != alive:
+                    self._record(alive ^ kept, i, out)
+                    alive = kept
+                    if not alive:
+                        return out
+            self._record(alive, len(masks), out)
         return out
 
     def blocks(self, source: Hashable) -> int:
