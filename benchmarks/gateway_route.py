@@ -24,7 +24,8 @@ from cacheon.gateway.workers import READY, Discovery, Worker
 from cacheon.sim.tokenizer import CORPUS, write_profile
 
 WORKERS = 64
-RUNS = 200
+RUNS = 200  # cold and base runs (tens of ms each)
+WARM_RUNS = 1000  # warm runs are ~1 ms: enough that p99 is not just the slowest two
 Messages = list[dict[str, Any]]
 
 
@@ -32,10 +33,10 @@ def pct(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] * 1e3
 
 
-def timed(fn: Callable[[int], None], prepare: Callable[[int], None]) -> list[float]:
+def timed(fn: Callable[[int], None], prepare: Callable[[int], None], runs: int = RUNS) -> list[float]:
     """Seconds per run of ``fn(run)``, each after an untimed ``prepare(run)``."""
     out = []
-    for run in range(RUNS):
+    for run in range(runs):
         prepare(run)
         t0 = time.perf_counter()
         fn(run)
@@ -85,7 +86,8 @@ def row(profile: Profile, target: int, page: int) -> str:
         policy.choose(workers, profile.encode_chat(turn[:-1]))
 
     route_cold = timed(lambda r: policy.choose(workers, profile.encode_chat(base)), lambda r: cold(profile))
-    route_warm = timed(lambda r: policy.choose(workers, profile.encode_chat([*turn, message("user", "Next", r)])), ask)
+    route_warm = timed(lambda r: policy.choose(workers, profile.encode_chat([*turn, message("user", "Next", r)])), ask,
+                       WARM_RUNS)
     text = profile.render_chat(base)
     alone = timed(lambda r: profile.tokenizer.encode(text, add_special_tokens=False), lambda r: None)
     tokens = len(profile.encode_chat(base))
@@ -98,7 +100,8 @@ def main() -> None:
         tok, template = write_profile(Path(tmp))
         profile = Profile(ProfileSpec(tok, template, bos_token="<s>", eos_token="</s>"))
     freeze_startup_objects()  # as `cacheon gateway serve` does once its profiles are loaded
-    print(f"{WORKERS} workers, {RUNS} runs; route = tokenize + hash chain + index lookup + pick")
+    print(f"{WORKERS} workers, {RUNS} cold and base runs, {WARM_RUNS} warm;"
+          " route = tokenize + hash chain + index lookup + pick")
     heads = ["cold p50", "cold p99", "warm p50", "warm p99", "base p50", "base p99"]
     print(f"{'tokens':>6} {'page':>4} " + " ".join(f"{h:>10}" for h in heads))
     for target in (1024, 8192):
