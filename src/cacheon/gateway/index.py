@@ -1,10 +1,11 @@
 """Which (worker, rank) sources hold which KV blocks, and the longest cached prefix of a chain.
 
 One dict maps a block id to a bit mask of the sources holding it, so a prefix query is one
-lookup per block and one AND per change of holders, however many workers there are; a block held by one source
-shares that source's bit object. Each source keeps a FIFO of the ids it stored, which bounds
-its inventory (oldest out first) and makes clearing it proportional to its own size. The index
-knows nothing about SGLang versions: it takes store / remove / clear operations on 64-bit ids.
+lookup per block and one AND per change of holders, however many workers there are; a block
+held by one source shares that source's bit object. Each source keeps a FIFO of the ids it
+stored, which bounds its inventory (oldest out first) and makes clearing it proportional to its
+own size. The index knows nothing about SGLang versions: it takes store / remove / clear
+operations on 64-bit ids.
 """
 
 from __future__ import annotations

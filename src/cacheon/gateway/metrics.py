@@ -41,14 +41,13 @@ class _TokenCacheCollector:
     def collect(self) -> Iterable[Metric]:
         windows = CounterMetricFamily("cacheon_token_windows", "tokenization windows by outcome",
                                       labels=["model", "outcome"])
+        stems = CounterMetricFamily("cacheon_token_stems", "prompts resumed from an earlier prompt's stem",
+                                    labels=["model"])
         for model, profile in self._profiles.items():
             cache = profile.windows
             for outcome, n in (("hit", cache.hits), ("miss", cache.misses), ("fallback", cache.fallbacks)):
                 windows.add_metric([model, outcome], n)
-        stems = CounterMetricFamily("cacheon_token_stems", "prompts resumed from an earlier prompt's stem",
-                                    labels=["model"])
-        for model, profile in self._profiles.items():
-            stems.add_metric([model], profile.windows.stem_hits)
+            stems.add_metric([model], cache.stem_hits)
         chains = CounterMetricFamily("cacheon_hash_chain_segments", "hash-chain cache lookups by outcome",
                                      labels=["outcome"])
         chains.add_metric(["hit"], CHAINS.hits)

@@ -98,6 +98,11 @@ def _strip(key: WindowKey, ids: list[int]) -> Segment | None:
     return tuple(ids[1:] if prev is not None else ids)
 
 
+def _stem_key(head: Segment, text: str, end: int) -> tuple[Segment, int, str]:
+    """A stem's LRU key: leading affix, text length, its last characters (the whole text is compared on a hit)."""
+    return head, end, text[max(0, end - 32) : end]
+
+
 class _Resume:
     """Where a stem leaves off in the text: the last anchor's start and id, and its end (the stem's text)."""
 
@@ -118,8 +123,7 @@ class WindowEncoder:
         pattern = "|".join(map(re.escape, sorted(self._ids, key=len, reverse=True)))
         self._split = re.compile(pattern) if pattern else None
         self._cache: BoundedLRU[Segment] = BoundedLRU(max_entries, max_tokens)
-        # Keyed by (leading affix, stem text length, its last characters); the text itself is compared.
-        # Weighted by the characters of text each keeps, which dominate a stem's memory.
+        # Keyed by ``_stem_key``; weighted by the characters of text each keeps, which dominate its memory.
         self._stems: BoundedLRU[_Resume] = BoundedLRU(max_entries, max_stem_chars)
         self.hits = self.misses = self.fallbacks = self.stem_hits = 0
 
@@ -149,12 +153,12 @@ class WindowEncoder:
         head: tuple[Segment, ...] = (affix[0],) if affix[0] else ()
         new = (() if stem else head) + tuple(s for s in segments if s)
         final = segments[-1]  # the window after the last anchor: not part of this prompt's stem
-        mark = None if last is None else Stem(stem, new[: len(new) - (1 if final else 0)])
-        tail = (affix[1],) if affix[1] else ()
-        tokens = Tokens((stem.segments() if stem else ()) + new + tail, stem, mark)
-        if mark is not None and last is not None:
+        mark = None
+        if last is not None:
+            mark = Stem(stem, new[: len(new) - (1 if final else 0)])
             self._remember(text, affix[0], mark, *last)
-        return tokens
+        tail = (affix[1],) if affix[1] else ()
+        return Tokens((stem.segments() if stem else ()) + new + tail, stem, mark)
 
     def _find_stem(self, text: str, head: Segment) -> _Resume | None:
         """The stem of an earlier prompt that this text extends, trying its last anchors from the end.
@@ -168,7 +172,7 @@ class WindowEncoder:
                 return None
             anchor = max(ends, key=ends.__getitem__)
             end = ends[anchor]
-            found = self._stems.get((head, end, text[max(0, end - 32) : end]))
+            found = self._stems.get(_stem_key(head, text, end))
             if found is not None and text.startswith(found.text):
                 return found
             i = text.rfind(anchor, 0, end - 1)
@@ -179,8 +183,7 @@ class WindowEncoder:
         return None
 
     def _remember(self, text: str, head: Segment, stem: Stem, start: int, end: int, anchor: int) -> None:
-        key = (head, end, text[max(0, end - 32) : end])
-        self._stems.put(key, _Resume(stem, text[:end], start, anchor), end)
+        self._stems.put(_stem_key(head, text, end), _Resume(stem, text[:end], start, anchor), end)
 
     def _windows(self, text: str, start: int, prev: int | None,
                  scan: int) -> tuple[list[WindowKey], tuple[int, int, int] | None]:
