@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CACHEON := $(VENV)/bin/cacheon
 STAMP := $(VENV)/.cacheon-setup
 
-.PHONY: setup run test lint clean
+.PHONY: setup run test lint docs clean
 
 setup: $(STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile scripts/install_sglang_pin.sh scripts/install_
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0 triton==3.9.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,docs]'
 	VENV=$(VENV) scripts/install_sglang_pin.sh
 	PYTHON=$(PY) scripts/install_sglang_releases.sh
 	VENV=$(VENV) scripts/install_chain_pin.sh
@@ -45,6 +45,10 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check src tests scripts benchmarks
+
+# The documentation site (mkdocs.yml): generated reference pages, --strict so a broken link fails.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 clean:
 	rm -rf $(VENV) .sglang .chain .sglang-pin-ready build src/*.egg-info
