@@ -256,7 +256,7 @@ def test_verify_record_is_a_signature_check_not_a_serving_check(
     assert code == 0, err
     digest = json.loads(out)["digest"]
     with Ledger.open(ledger_path) as ledger:
-        [record] = ledger.records()
+        [record] = ledger.verified().records()
     assert (record.evidence_class, record.subject, record.outcome) == (
         "release_signature",
         f"release:{digest}",

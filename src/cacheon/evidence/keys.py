@@ -1,8 +1,9 @@
-"""Ed25519 keys for Engine release signatures.
+"""Ed25519 keys for release attestations and ledger checkpoints.
 
-Keys are stored as hex of the raw 32 bytes: the public half is meant to be pasted into
-``--public-key`` (a consumer must get it from somewhere other than the release directory).
-The private half is written 0600 with O_EXCL, and refused when others can read it.
+Keys are stored as hex of the raw 32 bytes: the public half is meant to be given to ``--key``
+(as the hex itself or the ``.pub`` file; a consumer must get it from somewhere other than the
+release directory). The private half is written 0600 with O_EXCL, and refused when others can
+read it. A signature's key id is the public key's hex, so a verifier can name who signed.
 """
 
 from __future__ import annotations
@@ -52,9 +53,20 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
 
 
 def parse_public_key(text: str) -> Ed25519PublicKey:
+    """A public key given as 64 hex characters, or as the path of a ``.pub`` file holding them."""
     value = text.strip().lower()
     if not _HEX32.fullmatch(value):
-        raise UsageError("--public-key must be 64 hex characters (the contents of a .pub file)")
+        path = Path(text)
+        if not path.is_file():
+            raise UsageError(
+                f"public key {text[:80]!r} is neither 64 hex characters nor a .pub file from `release keygen`"
+            )
+        try:
+            value = path.read_text(encoding="ascii").strip().lower()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read public key {path}: {exc}") from None
+        if not _HEX32.fullmatch(value):
+            raise UsageError(f"{path} is not a Cacheon Ed25519 public key (64 hex characters)")
     return Ed25519PublicKey.from_public_bytes(bytes.fromhex(value))
 
 
