@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 from cacheon.evidence import chain
+from cacheon.evidence.ledger import _rows as rows
 
 TRIGGERS = (
     "records_no_update",
@@ -26,14 +27,6 @@ def open_raw(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def rows(conn: sqlite3.Connection) -> list[chain.Row]:
-    cursor = conn.execute(
-        "SELECT id, evidence_class, subject, identity_digest, outcome, details, recorded_at, supersedes, "
-        "prev_hash, record_hash FROM records ORDER BY id"
-    )
-    return [chain.Row(*row) for row in cursor]
-
-
 def rehash(conn: sqlite3.Connection, *, start: int = 1, links: bool = True) -> None:
     """Recompute record hashes from ``start`` on; with ``links``, the prev links too (a consistent forgery)."""
     header = chain.Header(*conn.execute("SELECT ledger_id, created_at, origin FROM ledger_header").fetchone())
@@ -41,17 +34,7 @@ def rehash(conn: sqlite3.Connection, *, start: int = 1, links: bool = True) -> N
     for row in rows(conn):
         if row.id >= start:
             link = prev if links else row.prev_hash
-            new = chain.record_hash(
-                row.id,
-                link,
-                evidence_class=row.evidence_class,
-                subject=row.subject,
-                identity_digest=row.identity_digest,
-                outcome=row.outcome,
-                details=row.details,
-                recorded_at=row.recorded_at,
-                supersedes=row.supersedes,
-            )
+            new = row.hash_linked_to(link)
             conn.execute("UPDATE records SET prev_hash = ?, record_hash = ? WHERE id = ?", (link, new, row.id))
             prev = new
         else:

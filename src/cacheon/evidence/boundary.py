@@ -1,4 +1,5 @@
-"""Reading files an adversary may have written: bounded in size, canonical, decoded into typed structs.
+"""Files in and out of the evidence layer: reads that an adversary may have written (bounded in size,
+canonical, decoded into typed structs), and writes that a reader never sees half done.
 
 Release envelopes, SBOMs and ledger checkpoints arrive from elsewhere. Each is read with a size
 bound checked before the bytes are read, decoded by msgspec (which refuses invalid UTF-8 and
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,10 +35,11 @@ def read_bounded(path: Path, limit: int) -> bytes:
         raise Malformed(f"missing {path.name}") from None
     except OSError as exc:
         raise Malformed(f"cannot read {path.name}: {exc.strerror}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise Malformed(f"{path.name} is not a regular file")
     with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise Malformed(f"{path.name} is not a regular file")
         if info.st_size > limit:
             raise Malformed(f"{path.name} is {info.st_size} bytes, over the {limit}-byte limit for this file")
         raw = fh.read(limit + 1)
@@ -83,3 +86,18 @@ def _untyped(raw: bytes, what: str) -> Any:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file, fsync, rename): old or new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

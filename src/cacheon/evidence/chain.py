@@ -58,45 +58,24 @@ class Row:
     record_hash: str
 
     def computed_hash(self) -> str:
-        return record_hash(
-            self.id,
-            self.prev_hash,
-            evidence_class=self.evidence_class,
-            subject=self.subject,
-            identity_digest=self.identity_digest,
-            outcome=self.outcome,
-            details=self.details,
-            recorded_at=self.recorded_at,
-            supersedes=self.supersedes,
+        return self.hash_linked_to(self.prev_hash)
+
+    def hash_linked_to(self, prev_hash: str) -> str:
+        """This record's hash when it follows a record (or genesis) hashing to ``prev_hash``."""
+        return digest(
+            RECORD_DOMAIN,
+            {
+                "id": self.id,
+                "prev": prev_hash,
+                "class": self.evidence_class,
+                "subject": self.subject,
+                "identity": self.identity_digest,
+                "outcome": self.outcome,
+                "details": self.details,
+                "recorded_at": self.recorded_at,
+                "supersedes": self.supersedes,
+            },
         )
-
-
-def record_hash(
-    record_id: int,
-    prev_hash: str,
-    *,
-    evidence_class: str,
-    subject: str,
-    identity_digest: str,
-    outcome: str,
-    details: str,
-    recorded_at: str,
-    supersedes: int | None,
-) -> str:
-    return digest(
-        RECORD_DOMAIN,
-        {
-            "id": record_id,
-            "prev": prev_hash,
-            "class": evidence_class,
-            "subject": subject,
-            "identity": identity_digest,
-            "outcome": outcome,
-            "details": details,
-            "recorded_at": recorded_at,
-            "supersedes": supersedes,
-        },
-    )
 
 
 @dataclass(frozen=True)

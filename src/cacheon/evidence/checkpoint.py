@@ -18,9 +18,7 @@ protected by the chain alone.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cacheon.canonical import canonical_json
 from cacheon.errors import UsageError
 from cacheon.evidence import dsse
-from cacheon.evidence.boundary import Malformed, decode_json, read_bounded
+from cacheon.evidence.boundary import Malformed, decode_json, read_bounded, replace_file
 from cacheon.evidence.chain import Head
 from cacheon.evidence.view import VerifiedLedger
 
@@ -73,18 +71,7 @@ def sign(view: VerifiedLedger, key: Ed25519PrivateKey) -> dsse.Envelope:
 
 
 def write(path: Path, envelope: dsse.Envelope) -> None:
-    """Replace ``path`` atomically: a reader sees the old checkpoint or the new one, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(envelope.to_bytes())
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_file(path, envelope.to_bytes())
 
 
 def read(path: Path) -> tuple[dsse.Envelope, Checkpoint]:

@@ -13,14 +13,11 @@ import re
 import stat
 from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from cacheon.errors import UsageError
 
-# Signed message: a context string, so a release signature can never be replayed as another kind.
-SIGNATURE_CONTEXT = b"cacheon.engine-release.signature.v1\x00"
 _HEX32 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -44,9 +41,7 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read private key {path}: {exc}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise UsageError(
-            f"private key {path} is accessible by others (mode {stat.S_IMODE(mode):o}); chmod 600 it"
-        )
+        raise UsageError(f"private key {path} is accessible by others (mode {stat.S_IMODE(mode):o}); chmod 600 it")
     if not _HEX32.fullmatch(text):
         raise UsageError(f"{path} is not a Cacheon Ed25519 private key (64 hex characters)")
     return Ed25519PrivateKey.from_private_bytes(bytes.fromhex(text))
@@ -72,18 +67,6 @@ def parse_public_key(text: str) -> Ed25519PublicKey:
 
 def public_hex(key: Ed25519PublicKey) -> str:
     return key.public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
-
-
-def sign_digest(key: Ed25519PrivateKey, descriptor_digest: str) -> str:
-    return key.sign(SIGNATURE_CONTEXT + descriptor_digest.encode("ascii")).hex()
-
-
-def signature_valid(key: Ed25519PublicKey, descriptor_digest: str, signature_hex: str) -> bool:
-    try:
-        key.verify(bytes.fromhex(signature_hex), SIGNATURE_CONTEXT + descriptor_digest.encode("ascii"))
-    except (InvalidSignature, ValueError, UnicodeEncodeError):
-        return False
-    return True
 
 
 def _write_new(path: Path, text: str, mode: int) -> None:

@@ -18,7 +18,7 @@ import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -125,17 +125,7 @@ def _chain_v1(conn: sqlite3.Connection) -> None:
     )
     prev = header.genesis()
     for row in _rows(conn):
-        filled = chain.record_hash(
-            row.id,
-            prev,
-            evidence_class=row.evidence_class,
-            subject=row.subject,
-            identity_digest=row.identity_digest,
-            outcome=row.outcome,
-            details=row.details,
-            recorded_at=row.recorded_at,
-            supersedes=row.supersedes,
-        )
+        filled = row.hash_linked_to(prev)
         conn.execute("UPDATE records SET prev_hash = ?, record_hash = ? WHERE id = ?", (prev, filled, row.id))
         prev = filled
     conn.execute(_NO_UPDATE_RECORDS)
@@ -293,40 +283,29 @@ class Ledger:
             "INSERT OR IGNORE INTO identities(digest, facts, first_recorded) VALUES (?, ?, ?)",
             (entry.identity.digest, _dumps(entry.identity.facts), now),
         )
-        record_id, details = head.seq + 1, _dumps(dict(entry.details))
-        record_hash = chain.record_hash(
-            record_id,
-            head.hash,
+        row = Row(
+            id=head.seq + 1,
             evidence_class=entry.evidence_class.value,
             subject=entry.subject,
             identity_digest=entry.identity.digest,
             outcome=entry.outcome.value,
-            details=details,
+            details=_dumps(dict(entry.details)),
             recorded_at=now,
             supersedes=entry.supersedes,
+            prev_hash=head.hash,
+            record_hash="",
         )
+        row = replace(row, record_hash=row.computed_hash())
         try:
             self._conn.execute(
-                "INSERT INTO records(id, evidence_class, subject, identity_digest, outcome, details, "
-                "recorded_at, supersedes, prev_hash, record_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    record_id,
-                    entry.evidence_class.value,
-                    entry.subject,
-                    entry.identity.digest,
-                    entry.outcome.value,
-                    details,
-                    now,
-                    entry.supersedes,
-                    head.hash,
-                    record_hash,
-                ),
+                f"INSERT INTO records({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+                astuple(row),
             )
         except sqlite3.IntegrityError as exc:
             if "records.supersedes" in str(exc):
                 raise LedgerError(f"record {entry.supersedes} is already superseded") from None
             raise
-        return Head(record_id, record_hash)
+        return Head(row.id, row.record_hash)
 
     # -- checking --------------------------------------------------------------------------
 
@@ -426,12 +405,11 @@ class Ledger:
         return int(app_id), int(version)
 
 
+_COLUMNS = tuple(f.name for f in fields(Row))  # the stored columns, in Row's order
+
+
 def _rows(conn: sqlite3.Connection) -> list[Row]:
-    cursor = conn.execute(
-        "SELECT id, evidence_class, subject, identity_digest, outcome, details, recorded_at, supersedes, "
-        "prev_hash, record_hash FROM records ORDER BY id"
-    )
-    return [Row(*row) for row in cursor]
+    return [Row(*row) for row in conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM records ORDER BY id")]
 
 
 def _check_header(path: Path) -> None:
