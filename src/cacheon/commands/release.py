@@ -118,7 +118,8 @@ def run_sign(args: argparse.Namespace) -> int:
     if args.json:
         print_json({**result.to_json(), "signed_by": result.signers})
     else:
-        print(f"signed release {result.release_digest} ({len(result.signatures)} signatures now)")
+        count = len(result.signatures)
+        print(f"signed release {result.release_digest} ({count} signature{'s' if count != 1 else ''} now)")
     return 0
 
 
