@@ -367,9 +367,11 @@ class Ledger:
             raise LedgerError(f"ledger {self.path}: {text}") from None
 
     def _check_and_migrate(self, migrate: bool) -> None:
-        app_id, version = self._pragmas()
-        if app_id == 0 and version == 0:
-            if self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+        with self._snapshot():  # one read: a writer creating the schema meanwhile is seen whole or not at all
+            app_id, version = self._pragmas()
+            tables = self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if (app_id, version) == (0, 0):
+            if tables:
                 raise LedgerError(f"{self.path} is an SQLite database but not a Cacheon ledger")
         elif app_id != APPLICATION_ID:
             raise LedgerError(
