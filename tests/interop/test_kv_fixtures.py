@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cacheon.gateway.contracts import INTEROP_RELEASES, for_version
+from cacheon.kv.contracts import INTEROP_RELEASES, for_version
 from tests.interop.kv_interop import ReleasePublisher, cleared, removed, stored
 
 FIXTURES = Path(__file__).resolve().parents[1] / "gateway" / "fixtures" / "kv_wire.json"
