@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from cacheon.commands._output import add_subcommands, print_json
 from cacheon.evidence.classes import parse_class, parse_outcome
 from cacheon.evidence.ledger import Record, open_ledger
 from cacheon.evidence.standing import standing
@@ -14,7 +15,7 @@ from cacheon.runtime.identity import runtime_identity, summary
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("evidence", help="read the evidence ledger for an exact runtime identity")
-    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions = add_subcommands(parser, "action", "ACTION")
 
     listing = actions.add_parser("list", help="records of one identity (default: this host's)")
     listing.add_argument("--identity", metavar="DIGEST", help="identity digest or a unique prefix of it")
@@ -60,7 +61,7 @@ def run_list(args: argparse.Namespace) -> int:
         if args.all:
             report["other_identity"] = [{**r.to_json(), "scope": "other identity"} for r in others]
     if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
+        print_json(report)
         return 0
     facts = known[identity].facts if identity in known else None
     print(f"ledger    {report['ledger']}")
@@ -85,7 +86,7 @@ def run_show(args: argparse.Namespace) -> int:
         record = ledger.record(args.record_id)
         identity = ledger.identity(record.identity_digest)
     if args.json:
-        print(json.dumps({**record.to_json(), "identity_facts": identity.facts}, indent=2, sort_keys=True))
+        print_json({**record.to_json(), "identity_facts": identity.facts})
         return 0
     print(_line(record))
     print(f"identity  {identity.digest}\n          {summary(identity.facts)}")
@@ -99,7 +100,7 @@ def run_correct(args: argparse.Namespace) -> int:
         new_id = ledger.correct(args.record_id, outcome, args.reason)
         record = ledger.record(new_id)
     if args.json:
-        print(json.dumps(record.to_json(), indent=2, sort_keys=True))
+        print_json(record.to_json())
     else:
         print(f"recorded #{new_id}, superseding #{args.record_id}: {record.outcome} ({args.reason})")
     return 0

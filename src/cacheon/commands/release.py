@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from cacheon.commands._output import add_subcommands, print_json
 from cacheon.evidence import keys, release
 from cacheon.evidence.classes import EvidenceClass, release_subject
 from cacheon.evidence.record import add_record_arguments, record_from_cli
@@ -13,7 +13,7 @@ from cacheon.evidence.record import add_record_arguments, record_from_cli
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("release", help="build, sign and verify Engine release descriptors")
-    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions = add_subcommands(parser, "action", "ACTION")
 
     keygen = actions.add_parser("keygen", help="write an Ed25519 key pair: PREFIX.key (0600) and PREFIX.pub")
     keygen.add_argument("prefix", type=Path, metavar="PREFIX")
@@ -67,7 +67,7 @@ def run_verify(args: argparse.Namespace) -> int:
     result = release.verify(args.release_dir, args.public_key)
     code = 0 if result.ok else 2
     if args.json:
-        print(json.dumps(result.to_json(), indent=2, sort_keys=True))
+        print_json(result.to_json())
     elif result.ok:
         print(f"OK release {result.release_digest}: descriptor, signature and every artifact verified")
     else:
