@@ -14,7 +14,7 @@ import pytest
 
 from cacheon.sim.launch import GatewayProcess, SimProcess, wait_until
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # slow: workers and a gateway as processes
 
 
 def test_killed_worker_loses_no_in_flight_request(tmp_path: Path, profile: tuple[Path, Path]) -> None:

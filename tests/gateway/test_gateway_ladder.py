@@ -10,7 +10,7 @@ import pytest
 
 from cacheon.sim.launch import GatewayProcess, SimProcess, wait_until
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # slow: workers and a gateway as processes
 
 # fault switch -> the reason the ladder must report
 EXPECTED = {

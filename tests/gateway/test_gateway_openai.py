@@ -12,7 +12,7 @@ import pytest
 
 from cacheon.sim.launch import GatewayProcess, SimProcess, wait_until
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # slow: workers and a gateway as processes
 
 LONG = "You are a helpful assistant. Answer briefly and cite the manual. " * 4
 

@@ -11,7 +11,7 @@ import pytest
 from cacheon.sim.launch import GatewayProcess, SimProcess
 from cacheon.sim.tokenizer import gateway_model
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # slow: workers and a gateway as processes
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer briefly and cite the manual. " * 6}
 

@@ -15,6 +15,8 @@ import pytest
 from cacheon.kv.contracts import INTEROP_RELEASES, for_version
 from tests.interop.kv_interop import ReleasePublisher, cleared, removed, stored
 
+pytestmark = pytest.mark.slow  # each release's publisher in a child process
+
 FIXTURES = Path(__file__).resolve().parents[1] / "kv" / "fixtures" / "kv_wire.json"
 INT64 = [2**63 - 1, -(2**63), 0, -1]
 

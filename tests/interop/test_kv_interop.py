@@ -24,6 +24,8 @@ from tests.interop.kv_interop import (
     stored,
 )
 
+pytestmark = pytest.mark.slow  # each release's publisher in a child process
+
 A = [101, -102, 103]  # rank 0's chain
 B = [201, 202]  # rank 1, cleared later
 C = [2**63 - 1, -(2**63)]  # rank 1 after the clear: int64 extremes

@@ -15,6 +15,8 @@ import zmq
 from cacheon.kv.hashing import page_hashes
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow  # the CLI against real sockets
+
 FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "kv_wire.json").read_text())
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from cacheon.cli import main
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # slow: the demo: workers and gateways as processes
 
 SESSIONS, TURNS = 8, 4
 

@@ -33,7 +33,7 @@ from cacheon.sim.launch import RELEASES, GatewayProcess, free_port, free_range, 
 from cacheon.sim.publisher import coalesces
 from cacheon.tokens.profile import TokenizerProfile
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]  # slow: simulated workers and a gateway as processes
 
 ROOT = Path(__file__).resolve().parents[2]
 END = b"\xff" * 8
