@@ -110,17 +110,18 @@ def _worker(args: argparse.Namespace) -> int:
         args.model, args.sglang_version, args.page_size, args.dp_size, args.kv_port, args.capacity_tokens,
         args.delay_ms / 1000, args.fault, args.kv_replay_port,
     )
-    try:
-        if args.prefix_cache == "sglang":
-            from cacheon.sim.radix import SglangPrefixCache
+    cache = None
+    if args.prefix_cache == "sglang":
+        from cacheon.sim.radix import SglangPrefixCache
 
-            sim = SimWorker(settings, profile, None, SglangPrefixCache)
-        else:
-            sim = SimWorker(settings, profile, None)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        cache = SglangPrefixCache
     kv = load_release_kv_events(args.releases_dir, args.sglang_version)
-    sim.publishers = RankPublishers(kv, args.sglang_version, settings.kv_events_config, args.dp_size)
+    publishers = RankPublishers(kv, args.sglang_version, settings.kv_events_config, args.dp_size)
+    try:
+        sim = SimWorker(settings, profile, publishers, cache)
+    except ValueError as exc:
+        publishers.close()
+        raise UsageError(str(exc)) from None
     print(f"SIMULATED SGLang {args.sglang_version} worker on http://{args.host}:{args.port} "
           f"(tokenizer sha256 {profile.tokenizer_sha256})", flush=True)
     uvicorn.run(build_app(sim), host=args.host, port=args.port, log_level="warning", access_log=False)

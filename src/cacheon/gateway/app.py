@@ -85,6 +85,4 @@ def build_app(cfg: GatewayConfig) -> Starlette:
         Route("/workers/{wid}", one_worker, methods=["DELETE"]),
         Route("/workers/{wid}/drain", one_worker, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
-    app.state.gateway = gw
-    return app
+    return Starlette(routes=routes, lifespan=lifespan)

@@ -59,7 +59,7 @@ class DiscoveryError(Exception):
 
 
 async def discover(client: aiohttp.ClientSession, url: str, timeout_s: float) -> Discovery:
-    """Ask the worker; the KV port base is dialled on the worker URL's host (DESIGN.md).
+    """Ask the worker; the KV port base is dialled on the worker URL's host (README, *Discovery*).
 
     ``/server_info`` and ``/model_info`` first; the deprecated ``/get_*`` aliases where a release
     answers only those.
