@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -132,20 +132,37 @@ def operations(events: Sequence[KvEvent]) -> tuple[list[Operation], int]:
     run: list[int] = []
     skipped = 0
     for ev in events:
-        if isinstance(ev, AllBlocksCleared):
+        op = _OPS.get(type(ev)) or _op(type(ev))  # one dict lookup per event on the hot path
+        if op is IndexOp.CLEAR:
             ops.append((IndexOp.CLEAR, []))
             current = None
-        elif not isinstance(ev, BlockStored | BlockRemoved):
-            raise TypeError(f"not a KV event: {ev!r}")
-        elif ev.medium not in DEVICE_MEDIA:
+            continue
+        paged = cast(BlockStored | BlockRemoved, ev)
+        if paged.medium not in DEVICE_MEDIA:
             skipped += 1
-        else:
-            op = IndexOp.STORE if isinstance(ev, BlockStored) else IndexOp.REMOVE
-            if op is not current:
-                current, run = op, []
-                ops.append((op, run))
-            run += ev.block_hashes
+            continue
+        if op is not current:
+            current, run = op, []
+            ops.append((op, run))
+        run += paged.block_hashes
     return ops, skipped
+
+
+_OPS: dict[type[KvEvent], IndexOp] = {}
+
+
+def _op(event_type: type[KvEvent]) -> IndexOp:
+    """The index operation of a concrete event class, remembered for the next event of that class."""
+    if issubclass(event_type, AllBlocksCleared):
+        op = IndexOp.CLEAR
+    elif issubclass(event_type, BlockStored):
+        op = IndexOp.STORE
+    elif issubclass(event_type, BlockRemoved):
+        op = IndexOp.REMOVE
+    else:
+        raise TypeError(f"not a KV event type: {event_type!r}")
+    _OPS[event_type] = op
+    return op
 
 
 def event_json(event: KvEvent) -> dict[str, Any]:
