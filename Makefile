@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CACHEON := $(VENV)/bin/cacheon
 STAMP := $(VENV)/.cacheon-setup
 
-.PHONY: setup run test lint docs clean
+.PHONY: setup run test test-fast lint docs clean
 
 setup: $(STAMP)
 
@@ -39,12 +39,18 @@ run: setup
 	$(CACHEON) demo
 
 # Two workers: most tests drive the real CLI and candidate child processes, which are CPU-bound.
-test: setup
-	$(VENV)/bin/ruff check src tests scripts benchmarks
+test: lint
 	$(VENV)/bin/pytest -n 2
 
+# The inner loop: everything but the tests marked slow (real servers, CLI and candidate processes).
+test-fast: setup
+	$(VENV)/bin/pytest -n 2 -m "not slow"
+
+# ruff; mypy (strict on kv/ and tokens/, [tool.mypy]); the layering contract ([tool.importlinter]).
 lint: setup
 	$(VENV)/bin/ruff check src tests scripts benchmarks
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # The documentation site (mkdocs.yml): generated reference pages, --strict so a broken link fails.
 docs: setup

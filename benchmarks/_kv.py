@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cacheon.gateway.index import BlockIndex
+from cacheon.kv.index import BlockIndex
 
 CHAIN = 512  # blocks per prompt chain
 

@@ -28,17 +28,19 @@ from pathlib import Path
 
 from cacheon.gateway.config import GatewayConfig, WorkerSpec
 from cacheon.gateway.policy import Prefix
-from cacheon.gateway.tokenize import Profile, ProfileSpec
 from cacheon.gateway.workers import Worker
 from cacheon.sim.cache import PrefixCache
 from cacheon.sim.demo import Outcome, Served, demo
 from cacheon.sim.tokenizer import BOS_TOKEN, write_profile
+from cacheon.tokens.chains import ChainCache
+from cacheon.tokens.profile import TokenizerProfile, TokenizerSpec
 
 PAGE, CAPACITY, DELAY_MS = 4, 1 << 16, 200
+CHAINS = ChainCache()  # prompts from the profile hash through a chain cache, as in the workers
 EPSILON: float = GatewayConfig.__dataclass_fields__["load_epsilon"].default
 
 
-def tokenized(served: Sequence[Served], profile: Profile) -> list[list[int]]:
+def tokenized(served: Sequence[Served], profile: TokenizerProfile) -> list[list[int]]:
     """Each prompt as the workers saw it; a length the worker did not report is a tokenization mismatch."""
     out = [profile.encode_chat(r.messages) for r in served]
     bad = [r.order for r, t in zip(served, out, strict=True) if len(t) != r.prompt_tokens]
@@ -52,7 +54,7 @@ def mirror(served: Sequence[Served], tokens: list[list[int]]) -> int:
     caches: dict[str, PrefixCache] = {}
     wrong = 0
     for r, t in zip(served, tokens, strict=True):
-        cache = caches.setdefault(r.worker, PrefixCache(PAGE, CAPACITY))
+        cache = caches.setdefault(r.worker, PrefixCache(PAGE, CAPACITY, CHAINS.chain))
         wrong += cache.match(t) != r.cached_tokens
         cache.insert(t)
     return wrong
@@ -66,7 +68,7 @@ def oracle(served: Sequence[Served], tokens: list[list[int]], rule: Prefix | Non
     own decision rule (``Prefix.pick``: match-ratio threshold, load bound, rotating ties) fed with
     the real caches instead of the index: the difference to exact is then only what exact knows.
     """
-    caches = [PrefixCache(PAGE, CAPACITY) for _ in range(workers_n)]
+    caches = [PrefixCache(PAGE, CAPACITY, CHAINS.chain) for _ in range(workers_n)]
     workers = [Worker(str(i), WorkerSpec(url=f"http://oracle-{i}:1")) for i in range(workers_n)]
     load = [0] * workers_n
     cached = total = 0
@@ -108,7 +110,7 @@ def main() -> None:
         raise SystemExit("the policies' runs did not send the same prompts")
     with tempfile.TemporaryDirectory() as tmp:
         tok, template = write_profile(Path(tmp))
-        profile = Profile(ProfileSpec(tok, template, bos_token=BOS_TOKEN))  # as the gateway and the workers
+        profile = TokenizerProfile(TokenizerSpec(tok, template, bos_token=BOS_TOKEN))  # as the gateway and the workers
         tokens = {p: tokenized(o.served, profile) for p, o in outcomes.items()}
     defaults = GatewayConfig.__dataclass_fields__
     rule = Prefix(EPSILON, defaults["min_prefix_blocks"].default, defaults["min_match_ratio"].default)

@@ -24,7 +24,7 @@ import httpx
 import psutil
 import uvloop
 
-from cacheon.sim.launch import Gateway, Sim, free_port, wait_until
+from cacheon.sim.launch import GatewayProcess, SimProcess, free_port, wait_until
 from cacheon.sim.tokenizer import write_profile
 
 N = 600
@@ -113,9 +113,9 @@ def main() -> None:
     os.environ.setdefault("SGLANG_RELEASES_DIR", str(Path(__file__).resolve().parents[1] / ".sglang"))
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         profile = write_profile(Path(tmp) / "tok")
-        sim = Sim(stack, Path(tmp), profile, "0.5.13.post1")
+        sim = SimProcess(stack, Path(tmp), profile, "0.5.13.post1")
         sim.ready()
-        gw = Gateway(stack, Path(tmp), profile, "rr", [{"url": sim.url}], health_interval_s=30)
+        gw = GatewayProcess(stack, Path(tmp), profile, "rr", [{"url": sim.url}], health_interval_s=30)
         spawn = multiprocessing.get_context("spawn")
         ports = {"relay": free_port(), "forwarder": free_port()}
         procs = {"relay": spawn.Process(target=relay, args=(ports["relay"], sim.port), daemon=True),

@@ -14,15 +14,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cacheon.gateway import hashing
 from cacheon.gateway.config import GatewayConfig, WorkerSpec
 from cacheon.gateway.heap import freeze_startup_objects
-from cacheon.gateway.index import BlockIndex
 from cacheon.gateway.policy import Exact
-from cacheon.gateway.tokenize import Profile, ProfileSpec
-from cacheon.gateway.workers import READY, Discovery, Worker
+from cacheon.gateway.workers import Discovery, Worker, WorkerState
+from cacheon.kv.hashing import page_hashes
+from cacheon.kv.index import BlockIndex
 from cacheon.sim.tokenizer import CORPUS, write_profile
+from cacheon.tokens.chains import ChainCache
+from cacheon.tokens.profile import TokenizerProfile, TokenizerSpec
 
+CHAINS = ChainCache()  # the gateway's own chain cache
 WORKERS = 64
 RUNS = 200  # cold and base runs (tens of ms each)
 WARM_RUNS = 1000  # warm runs are ~1 ms: enough that p99 is not just the slowest two
@@ -49,7 +51,7 @@ def message(role: str, label: str, k: int) -> dict[str, str]:
     return {"role": role, "content": f"{label} {k}. " + " ".join(CORPUS[k % 3 : k % 3 + 4])}
 
 
-def history(profile: Profile, target: int) -> Messages:
+def history(profile: TokenizerProfile, target: int) -> Messages:
     """System prompt, then user/assistant turns, ending on an assistant answer, about ``target`` tokens."""
     messages = [{"role": "system", "content": "You are a helpful assistant."}]
     while len(profile.encode_chat(messages)) < target:
@@ -57,25 +59,25 @@ def history(profile: Profile, target: int) -> Messages:
     return messages
 
 
-def pool(profile: Profile, messages: Messages, page: int) -> tuple[Exact, list[Worker]]:
+def pool(profile: TokenizerProfile, messages: Messages, page: int) -> tuple[Exact, list[Worker]]:
     """64 READY workers, each holding a prefix of a different length of the conversation."""
     index, workers = BlockIndex(), []
-    chain = hashing.page_hashes(list(profile.encode_chat(messages)), page)
+    chain = page_hashes(list(profile.encode_chat(messages)), page)
     for i in range(WORKERS):
         w = Worker(f"w{i}", WorkerSpec(url=f"http://w{i}:1"), discovery=Discovery("0.5.13.post1", "m", page, 1, 1))
-        w.state = READY
+        w.state = WorkerState.READY
         workers.append(w)
         index.apply((w.id, 0), [("store", chain[: (i + 1) * len(chain) // (WORKERS + 1)])])
     d = {k: f.default for k, f in GatewayConfig.__dataclass_fields__.items()}  # the gateway's defaults
-    return Exact(index, d["load_epsilon"], d["min_prefix_blocks"], d["min_match_ratio"]), workers
+    return Exact(index, CHAINS, d["load_epsilon"], d["min_prefix_blocks"], d["min_match_ratio"]), workers
 
 
-def cold(profile: Profile) -> None:
+def cold(profile: TokenizerProfile) -> None:
     profile.windows.clear()
-    hashing.CHAINS.clear()
+    CHAINS.clear()
 
 
-def row(profile: Profile, target: int, page: int) -> str:
+def row(profile: TokenizerProfile, target: int, page: int) -> str:
     base = history(profile, target)
     policy, workers = pool(profile, base, page)
     # Warm run r: base + a question routed before (untimed), then its answer and a new question (timed).
@@ -98,7 +100,7 @@ def row(profile: Profile, target: int, page: int) -> str:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tok, template = write_profile(Path(tmp))
-        profile = Profile(ProfileSpec(tok, template, bos_token="<s>", eos_token="</s>"))
+        profile = TokenizerProfile(TokenizerSpec(tok, template, bos_token="<s>", eos_token="</s>"))
     freeze_startup_objects()  # as `cacheon gateway serve` does once its profiles are loaded
     print(f"{WORKERS} workers, {RUNS} cold and base runs, {WARM_RUNS} warm;"
           " route = tokenize + hash chain + index lookup + pick")

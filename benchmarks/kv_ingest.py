@@ -18,9 +18,9 @@ import msgspec
 import numpy as np
 from _kv import random_ids
 
-from cacheon.gateway.contracts import for_version
-from cacheon.gateway.index import BlockIndex
-from cacheon.gateway.wire import WireDecoder
+from cacheon.kv.contracts import for_version
+from cacheon.kv.index import BlockIndex
+from cacheon.kv.wire import WireDecoder, operations
 
 WORKERS, STORES, REMOVES, PAGE = 64, 128, 32, 16
 
@@ -85,7 +85,7 @@ def main() -> None:
         def ingest(data: list[bytes] = data, decoder: WireDecoder = decoder) -> None:
             index = BlockIndex(capacity_per_source=16_384)
             for i, p in enumerate(data):
-                index.apply(("w", i % WORKERS), decoder.operations(decoder.decode(p, 0).events)[0])
+                index.apply(("w", i % WORKERS), operations(decoder.decode(p, 0).events)[0])
 
         raw_s, ingest_s = best_times(5, raw, ingest)
         print(f"{label:<28}{block_events / ingest_s:>16,.0f}{block_events / raw_s:>16,.0f}{raw_s / ingest_s:>8.2f}")

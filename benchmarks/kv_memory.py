@@ -13,7 +13,7 @@ import tracemalloc
 import numpy as np
 from _kv import fill, random_ids
 
-from cacheon.gateway.index import BlockIndex
+from cacheon.kv.index import BlockIndex
 
 
 def traced(build) -> tuple[object, int]:

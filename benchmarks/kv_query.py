@@ -16,7 +16,7 @@ import time
 import numpy as np
 from _kv import CHAIN, fill, random_ids
 
-from cacheon.gateway.index import BlockIndex
+from cacheon.kv.index import BlockIndex
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:

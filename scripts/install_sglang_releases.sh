@@ -19,9 +19,9 @@ if [ "$#" -gt 0 ]; then
 else
     # One source of truth: the versions the contract registry names.
     mapfile -t versions < <(PYTHONPATH=src "$PYTHON" -c \
-        'from cacheon.gateway.contracts import INTEROP_RELEASES; print("\n".join(INTEROP_RELEASES))')
+        'from cacheon.kv.contracts import INTEROP_RELEASES; print("\n".join(INTEROP_RELEASES))')
     if [ "${#versions[@]}" -eq 0 ]; then
-        echo "could not read the release list from cacheon.gateway.contracts" >&2
+        echo "could not read the release list from cacheon.kv.contracts" >&2
         exit 1
     fi
 fi

@@ -12,6 +12,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "bundles"
 
+# The simulators load each release's publisher code from the unpacked wheels (tests/interop does too).
+os.environ.setdefault("SGLANG_RELEASES_DIR", str(REPO / ".sglang"))
+
 
 def run_cli(*args: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m cacheon.cli ARGS`` exactly as a user would run it."""
@@ -48,3 +51,11 @@ def assert_verdict(result: subprocess.CompletedProcess, code: int, verdict: str,
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The simulator's built-in tokenizer and chat template (tests/gateway, tests/sim, tests/tokens)."""
+    from cacheon.sim.tokenizer import write_profile
+
+    return write_profile(tmp_path_factory.mktemp("tok"))

@@ -14,6 +14,7 @@ import importlib
 import os
 import sys
 import traceback
+from typing import NoReturn
 
 from cacheon import __version__
 from cacheon.errors import CacheonError
@@ -43,7 +44,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 class _Parser(argparse.ArgumentParser):
     """argparse exits 2 on a usage error; here 2 means "checked and failed", so use 1."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(1, f"{self.prog}: error: {message}\n")
 

@@ -11,6 +11,8 @@ from cacheon.bundle.manifest import load_manifest
 from cacheon.verify.runner import VerifyOptions, verify_bundle
 from tests.conftest import EXAMPLES, REPO, assert_verdict, write_bundle
 
+pytestmark = pytest.mark.slow  # every bundle through the CLI and candidate children
+
 ADVERSARIAL = REPO / "examples" / "adversarial"
 
 # bundle -> (exit code, verdict, reason text); CPU verdicts (graph cheats need CUDA: scripts/gpu_check.sh)

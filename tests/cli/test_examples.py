@@ -6,6 +6,8 @@ import pytest
 
 from tests.conftest import EXAMPLES, assert_verdict
 
+pytestmark = pytest.mark.slow  # every example through the CLI
+
 # bundle -> (exit code, verdict, text that must appear in the output)
 EXPECTED = {
     "silu-torch": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),

@@ -8,6 +8,8 @@ from cacheon.contract.catalog import SILU_AND_MUL
 from cacheon.verify.runner import InfrastructureError, VerifyOptions, verify_bundle
 from tests.conftest import EXAMPLES, write_bundle
 
+pytestmark = pytest.mark.slow  # candidate children
+
 EMULATED = "tests.cli.graph_backends:EmulatedGraphs"
 
 # Correct for the first two calls on each output shape (the eager trials), then a different path:

@@ -4,7 +4,11 @@ import json
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import EXAMPLES, write_bundle
+
+pytestmark = pytest.mark.slow  # the CLI and candidate children
 
 
 def bundle(tmp_path: Path, body: str) -> Path:

@@ -6,11 +6,15 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from cacheon.evidence.classes import COMPAT_SUBJECT, EvidenceClass, Outcome
 from cacheon.evidence.ledger import Ledger
 from cacheon.runtime.identity import Identity
 
 from .conftest import add, make_identity
+
+pytestmark = pytest.mark.slow  # the CLI
 
 Cli = Callable[..., tuple]
 

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .conftest import child_env
+
+pytestmark = pytest.mark.slow  # the CLI writing the ledger
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "bundles"
 

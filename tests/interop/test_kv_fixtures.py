@@ -1,4 +1,4 @@
-"""The committed wire fixtures (tests/gateway/fixtures/kv_wire.json) are exactly what each
+"""The committed wire fixtures (tests/kv/fixtures/kv_wire.json) are exactly what each
 release's own event classes encode: regenerated here and compared byte for byte.
 
 CACHEON_WRITE_FIXTURES=1 rewrites the file from ``cases()`` before comparing (run it without -n).
@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from cacheon.gateway.contracts import INTEROP_RELEASES, for_version
+from cacheon.kv.contracts import INTEROP_RELEASES, for_version
 from tests.interop.kv_interop import ReleasePublisher, cleared, removed, stored
 
-FIXTURES = Path(__file__).resolve().parents[1] / "gateway" / "fixtures" / "kv_wire.json"
+pytestmark = pytest.mark.slow  # each release's publisher in a child process
+
+FIXTURES = Path(__file__).resolve().parents[1] / "kv" / "fixtures" / "kv_wire.json"
 INT64 = [2**63 - 1, -(2**63), 0, -1]
 
 

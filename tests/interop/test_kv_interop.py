@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from cacheon.gateway.contracts import CONTRACTS, INTEROP_RELEASES, for_version
-from cacheon.gateway.index import BlockIndex
-from cacheon.gateway.subscriber import Delivery, Subscriber
-from cacheon.gateway.wire import event_json
+from cacheon.kv.contracts import CONTRACTS, INTEROP_RELEASES, for_version
+from cacheon.kv.index import BlockIndex
+from cacheon.kv.subscriber import Delivery, Subscriber
+from cacheon.kv.wire import event_json
 from tests.interop.kv_interop import (
     LossyHop,
     ReleasePublisher,
@@ -23,6 +23,8 @@ from tests.interop.kv_interop import (
     removed,
     stored,
 )
+
+pytestmark = pytest.mark.slow  # each release's publisher in a child process
 
 A = [101, -102, 103]  # rank 0's chain
 B = [201, 202]  # rank 1, cleared later

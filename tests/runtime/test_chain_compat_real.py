@@ -17,6 +17,8 @@ from cacheon.runtime.chain import CHAIN_SURFACES
 from cacheon.runtime.pin import BITTENSOR_PIN
 from tests.runtime.sglang_tier import REPO, finish, python_env, start_python
 
+pytestmark = pytest.mark.slow  # the Bittensor SDK in a child process
+
 TARGET = Path(os.environ.get("CACHEON_CHAIN_TARGET", REPO / ".chain" / "bittensor"))
 CHAIN_COMPAT = "from cacheon.cli import main; raise SystemExit(main(['chain-compat', '--json']))"
 MUTATIONS = {

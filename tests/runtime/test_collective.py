@@ -11,6 +11,8 @@ from cacheon.bundle.digest import bundle_digest
 from tests.runtime.collective_worker import launch, write_rank1_failing_bundle
 from tests.runtime.sglang_tier import EXAMPLES
 
+pytestmark = pytest.mark.slow  # gloo rank processes
+
 FAITHFUL = EXAMPLES / "allreduce-torch"
 BROKEN = EXAMPLES / "allreduce-broken-local"
 

@@ -14,6 +14,8 @@ from cacheon.runtime.chain import CHAIN_SURFACES
 from cacheon.runtime.seams import SEAMS
 from tests.runtime.sglang_tier import REPO, python_env
 
+pytestmark = pytest.mark.slow  # the CLI
+
 
 def _cli(tmp_path, package: str, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / package).mkdir()

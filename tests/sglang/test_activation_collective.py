@@ -13,6 +13,8 @@ import pytest
 from tests.runtime.collective_worker import launch, write_rank1_failing_bundle
 from tests.runtime.sglang_tier import EXAMPLES, sglang_or_skip
 
+pytestmark = pytest.mark.slow  # gloo ranks over the pinned SGLang
+
 FAITHFUL = str(EXAMPLES / "allreduce-torch")
 BROKEN = str(EXAMPLES / "allreduce-broken-local")
 

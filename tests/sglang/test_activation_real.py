@@ -17,6 +17,8 @@ from cacheon.runtime.adapters.boundary import SeamViolation
 from cacheon.runtime.receipts import read_receipts
 from tests.runtime.sglang_tier import EXAMPLES, sglang_or_skip
 
+pytestmark = pytest.mark.slow  # the pinned SGLang's layers
+
 SILU, NORM = "activation.SiluAndMul", "layernorm.RMSNorm"
 
 

@@ -19,6 +19,8 @@ from cacheon.runtime.pin import SGLANG_PIN
 from cacheon.runtime.seams import SEAMS
 from tests.runtime.sglang_tier import finish, python_env, sglang_or_skip, start_python
 
+pytestmark = pytest.mark.slow  # the pinned SGLang in child processes
+
 COMPAT = "from cacheon.cli import main; raise SystemExit(main(['compat', '--json']))"
 CHECK = "import runpy; runpy.run_path('scripts/check_sglang.py', run_name='__main__')"
 

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import pytest
 
-from cacheon.gateway.hashing import page_hashes
+from cacheon.kv.hashing import page_hashes
 from cacheon.runtime.pin import SGLANG_PIN
 from tests.interop.kv_interop import release_dir
 

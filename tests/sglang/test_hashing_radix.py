@@ -15,10 +15,10 @@ from types import ModuleType
 import msgspec
 import pytest
 
-from cacheon.gateway.contracts import for_version
-from cacheon.gateway.hashing import page_hashes
-from cacheon.gateway.index import BlockIndex
-from cacheon.gateway.wire import WireDecoder
+from cacheon.kv.contracts import for_version
+from cacheon.kv.hashing import page_hashes
+from cacheon.kv.index import BlockIndex
+from cacheon.kv.wire import WireDecoder, operations
 from cacheon.runtime.pin import SGLANG_PIN
 from tests.runtime.sglang_tier import import_or_skip
 
@@ -77,13 +77,13 @@ def test_radix_cache_publishes_the_predicted_chain(sglang_pin: dict[str, ModuleT
     decoder = WireDecoder(for_version(SGLANG_PIN))
     encode = msgspec.msgpack.Encoder().encode
     payload = encode(kv.KVEventBatch(ts=0.0, events=stored_events, attn_dp_rank=0))
-    index.apply("w", decoder.operations(decoder.decode(payload, 0).events)[0])
+    index.apply("w", operations(decoder.decode(payload, 0).events)[0])
     assert index.longest_prefix(chain_b) == {"w": len(chain_b)}
 
     cache.evict(base.EvictParams(num_tokens=1))  # one leaf: the least recently used, a's tail
     removed_events = cache.take_events()
     assert _published(removed_events, "BlockRemoved") == chain_a[common:]
     payload = encode(kv.KVEventBatch(ts=0.0, events=removed_events, attn_dp_rank=0))
-    index.apply("w", decoder.operations(decoder.decode(payload, 0).events)[0])
+    index.apply("w", operations(decoder.decode(payload, 0).events)[0])
     assert index.longest_prefix(chain_a) == {"w": common}
     assert index.longest_prefix(chain_b) == {"w": len(chain_b)}

@@ -1,12 +1,25 @@
-"""Shared output helpers for commands: one JSON document on stdout for machines."""
+"""How commands talk to machines and users, the same way everywhere: JSON on stdout, subcommands."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any
 
 
-def print_json(value: Any) -> None:
+def print_json(value: Any, *, line: bool = False) -> None:
+    """Every ``--json``: one indented document with sorted keys, or with ``line`` one compact record per
+    line, in its own field order, flushed at once (a stream a reader follows)."""
+    if line:
+        sys.stdout.write(json.dumps(value) + "\n")
+        sys.stdout.flush()
+        return
     json.dump(value, sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
+
+
+def add_subcommands(parser: argparse.ArgumentParser, dest: str,
+                    metavar: str = "SUBCOMMAND") -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    """``parser``'s subcommands; naming none is a usage error like any other (usage line, exit 1)."""
+    return parser.add_subparsers(dest=dest, metavar=metavar, required=True, parser_class=type(parser))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
+from cacheon.commands._output import print_json
 from cacheon.errors import UsageError
 
 
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from cacheon.gateway.contracts import for_version
+    from cacheon.kv.contracts import for_version
     from cacheon.sim.demo import demo
 
     for_version(args.sglang_version)
@@ -39,7 +39,7 @@ def _run(args: argparse.Namespace) -> int:
                     args.capacity_tokens, args.delay_ms, arrivals=args.arrivals)
     if args.json:
         fields = ("policy", "hit_rate", "load", "reasons", "spread")
-        print(json.dumps([{k: getattr(o, k) for k in fields} for o in outcomes], indent=2))
+        print_json([{k: getattr(o, k) for k in fields} for o in outcomes])
         return 0
     print(f"{'policy':<8} {'hit rate':>8} {'max/mean load':>14}  requests per worker / decisions")
     for o in outcomes:

@@ -10,7 +10,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from cacheon.commands._output import print_json
+from cacheon.commands._output import add_subcommands, print_json
 from cacheon.errors import UsageError
 from cacheon.evidence import checkpoint, keys
 from cacheon.evidence.boundary import Malformed
@@ -31,7 +31,7 @@ from cacheon.runtime.identity import runtime_identity, summary
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("evidence", help="read the evidence ledger for an exact runtime identity")
-    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions = add_subcommands(parser, "action", "ACTION")
 
     listing = actions.add_parser("list", help="records of one identity (default: this host's)")
     listing.add_argument("--identity", metavar="DIGEST", help="identity digest or a unique prefix of it")
@@ -118,7 +118,7 @@ def run_list(args: argparse.Namespace) -> int:
     if args.all:
         report["other_identity"] = [{**r.to_json(), "scope": "other identity"} for r in others]
     if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
+        print_json(report)
         return 0
     facts = known[identity].facts if identity in known else None
     print(f"ledger    {report['ledger']}")
@@ -143,7 +143,7 @@ def run_show(args: argparse.Namespace) -> int:
     record = ledger.record(args.record_id)
     identity = ledger.identity(record.identity_digest)
     if args.json:
-        print(json.dumps({**record.to_json(), "identity_facts": identity.facts}, indent=2, sort_keys=True))
+        print_json({**record.to_json(), "identity_facts": identity.facts})
         return 0
     print(_line(record))
     print(f"identity  {identity.digest}\n          {summary(identity.facts)}")
@@ -157,7 +157,7 @@ def run_correct(args: argparse.Namespace) -> int:
         new_id = ledger.correct(args.record_id, outcome, args.reason)
         record = ledger.verified().record(new_id)
     if args.json:
-        print(json.dumps(record.to_json(), indent=2, sort_keys=True))
+        print_json(record.to_json())
     else:
         print(f"recorded #{new_id}, superseding #{args.record_id}: {record.outcome} ({args.reason})")
     return 0

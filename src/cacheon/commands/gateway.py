@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from cacheon.commands._output import add_subcommands
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gateway", help="OpenAI-compatible KV-aware router in front of SGLang workers",
                        description="Route OpenAI and SGLang-native requests to SGLang workers: rr, exact or approx.")
-    gw = p.add_subparsers(dest="gateway_command", metavar="SUBCOMMAND", parser_class=type(p))
-    p.set_defaults(handler=lambda _a: (p.print_help(), 1)[1])
+    gw = add_subcommands(p, "gateway_command")
     serve = gw.add_parser("serve", help="serve the gateway (uvicorn)")
     serve.add_argument("--config", type=Path, required=True, help="YAML or TOML config file")
     serve.set_defaults(handler=_serve)
@@ -21,11 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _check(args: argparse.Namespace) -> int:
     from cacheon.gateway.config import load
-    from cacheon.gateway.tokenize import Profile
+    from cacheon.tokens.profile import TokenizerProfile
 
     cfg = load(args.config)
     for spec in cfg.models.values():
-        Profile(spec)
+        TokenizerProfile(spec)
     print(f"ok: policy {cfg.policy}, {len(cfg.workers)} worker(s), {len(cfg.models)} model(s)")
     return 0
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
+from cacheon.commands._output import print_json
 from cacheon.runtime.identity import describe, runtime_identity
 
 
@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     identity = runtime_identity()
     if args.json:
-        print(json.dumps(identity.to_json(), indent=2, sort_keys=True))
+        print_json(identity.to_json())
     else:
         print("\n".join(describe(identity)))
     return 0

@@ -9,15 +9,18 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import zmq
 
-from cacheon.commands._output import print_json
+from cacheon.commands._output import add_subcommands, print_json
 from cacheon.errors import UsageError
-from cacheon.gateway import contracts
-from cacheon.gateway.hashing import page_hashes
-from cacheon.gateway.subscriber import Delivery, Subscriber, rank_endpoint
-from cacheon.gateway.wire import WireDecoder, WireReject, event_json
+from cacheon.kv import contracts
+from cacheon.kv.feed import Delivery
+from cacheon.kv.hashing import page_hashes
+from cacheon.kv.subscriber import Subscriber
+from cacheon.kv.transport import Live, LiveSocket, rank_endpoint
+from cacheon.kv.wire import WireDecoder, WireReject, event_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,8 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="SGLang KV events: listen, predict block hashes, list wire contracts",
         description="Work with the KV events SGLang workers publish over ZMQ.",
     )
-    kv = p.add_subparsers(dest="kv_command", metavar="SUBCOMMAND", parser_class=type(p))
-    p.set_defaults(handler=lambda _args: _missing(p))
+    kv = add_subcommands(p, "kv_command")
 
     listen = kv.add_parser(
         "listen",
@@ -69,11 +71,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "to validated (default: $CACHEON_LEDGER, else the user's ledger)"
     )
     listing.set_defaults(handler=run_contracts)
-
-
-def _missing(parser: argparse.ArgumentParser) -> int:
-    parser.print_help(sys.stderr)
-    return 1
 
 
 def _registry(ledger_path: str | None) -> tuple[contracts.WireContract, ...]:
@@ -164,34 +161,32 @@ def _decode(args: argparse.Namespace, contract: contracts.WireContract) -> int:
 
 
 def _classify(args: argparse.Namespace) -> int:
+    """Each batch under every contract, on the same live socket the gateway reads through."""
     decoders = [WireDecoder(c) for c in contracts.CONTRACTS]
     seen = {"batches": 0, "rejects": 0}
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.SUB)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SUBSCRIBE, args.topic.encode())
-    sock.connect(rank_endpoint(args.endpoint, args.rank))
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    live = LiveSocket(ctx, rank_endpoint(args.endpoint, args.rank), args.topic.encode())
 
     def receive_one() -> None:
-        if not sock.poll(100):
+        if not live.wait(0.1):
             return
-        frames = sock.recv_multipart()
-        seq = int.from_bytes(frames[1], "big") if len(frames) == 3 and len(frames[1]) == 8 else -1
-        accepted, rejected = [], {}
-        for decoder in decoders:
-            try:
-                decoder.decode(frames[-1], args.rank)
-                accepted.append(decoder.contract.id)
-            except WireReject as reject:
-                rejected[decoder.contract.id] = f"{reject.reason}: {reject.detail}"
-        seen["batches"] += 1
-        seen["rejects"] += not accepted
-        _emit(args.json, {"seq": seq, "rank": args.rank, "accepted_by": accepted, "rejected": rejected})
+        for message in live.messages(1):
+            seq, payload = (message.seq, message.payload) if isinstance(message, Live) else (-1, message.frames[-1])
+            accepted, rejected = [], {}
+            for decoder in decoders:
+                try:
+                    decoder.decode(payload, args.rank)
+                    accepted.append(decoder.contract.id)
+                except WireReject as reject:
+                    rejected[decoder.contract.id] = f"{reject.reason}: {reject.detail}"
+            seen["batches"] += 1
+            seen["rejects"] += not accepted
+            _emit(args.json, {"seq": seq, "rank": args.rank, "accepted_by": accepted, "rejected": rejected})
 
     try:
         done = _pump(args, receive_one, lambda: seen["batches"])
     finally:
-        sock.close(linger=0)
+        live.close()
         ctx.term()
     return _verdict(args, done, seen["batches"], seen["rejects"])
 
@@ -214,9 +209,9 @@ def _verdict(args: argparse.Namespace, done: bool, batches: int, rejects: int) -
     return 2 if rejects else 0
 
 
-def _emit(as_json: bool, record: dict) -> None:
+def _emit(as_json: bool, record: dict[str, Any]) -> None:
     if as_json:
-        print(json.dumps(record), flush=True)
+        print_json(record, line=True)
         return
     if "reject" in record:
         print(f"seq {record['seq']}: REJECTED {record['reject']}: {record['detail']}", flush=True)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from cacheon.commands._output import add_subcommands, print_json
 from cacheon.errors import UsageError
 from cacheon.evidence.gates import (
     GATES,
@@ -21,7 +21,7 @@ from cacheon.runtime.identity import Identity, runtime_identity, summary
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("pin", help="pin-bump gates: what is proven for a pin's exact identity")
-    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions = add_subcommands(parser, "action", "ACTION")
 
     status = actions.add_parser("status", help="each gate as met / missing / failed, with its records")
     status.add_argument("--target", metavar="VERSION", help="SGLang version (default: this host's identity)")
@@ -59,11 +59,7 @@ def run_status(args: argparse.Namespace) -> int:
     statuses = [evaluate(ledger, identity) for identity in identities]
     target = args.target or (identities[0].sglang_version if identities else None)
     if args.json:
-        print(
-            json.dumps(
-                {"target": target, "identities": [_json(s) for s in statuses]}, indent=2, sort_keys=True
-            )
-        )
+        print_json({"target": target, "identities": [_json(s) for s in statuses]})
     else:
         _print_status(target, statuses)
     return 0 if any(s.all_met for s in statuses) else 2

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import cacheon
+from cacheon.commands._output import print_json
 from cacheon.evidence.classes import Outcome, outcome_from_exit
 from cacheon.runtime.identity import Identity, runtime_identity, summary
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     }
     ready = report["device"]["ready"] and report["static_compatibility"]["outcome"] == Outcome.PASS
     if args.json:
-        print(json.dumps({**report, "ready": ready}, indent=2, sort_keys=True))
+        print_json({**report, "ready": ready})
     else:
         _print(identity, report)
     return 0 if ready else 2

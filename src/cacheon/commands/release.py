@@ -6,16 +6,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from cacheon.commands._output import print_json
+from cacheon.commands._output import add_subcommands, print_json
 from cacheon.errors import UsageError
 from cacheon.evidence import keys, legacy, release, sbom
 from cacheon.evidence.classes import EvidenceClass, release_subject
 from cacheon.evidence.record import add_record_arguments, record_from_cli
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("release", help="build, sign and verify Engine releases (signed attestations)")
-    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions = add_subcommands(parser, "action", "ACTION")
 
     keygen = actions.add_parser("keygen", help="write an Ed25519 key pair: PREFIX.key (0600) and PREFIX.pub")
     keygen.add_argument("prefix", type=Path, metavar="PREFIX")

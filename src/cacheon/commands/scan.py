@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         for f in report.findings:
-            print(f"{f.file}:{f.line}: [{f.rule}] {f.message}")
+            print(f)
         verdict = "clean" if report.clean else f"{len(report.findings)} violation(s)"
         digest = admission.digest or "(no digest: the tree holds a symlink)"
         print(f"{admission.manifest.bundle_id} {digest}: {report.files_scanned} file(s) scanned, {verdict}")

@@ -11,11 +11,12 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cacheon.commands._output import add_subcommands
 from cacheon.errors import UsageError
 from cacheon.sim.tokenizer import BOS_TOKEN
 
 if TYPE_CHECKING:
-    from cacheon.gateway.tokenize import Profile
+    from cacheon.tokens.profile import TokenizerProfile
 
 DEFAULT_MODEL = "sim-model"
 
@@ -27,8 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="A simulator of an SGLang worker: SGLang's HTTP endpoints with a deterministic fake "
         "completion, a real prefix cache, and KV events published by the chosen release's own publisher code.",
     )
-    sim = p.add_subparsers(dest="sim_command", metavar="SUBCOMMAND", parser_class=type(p))
-    p.set_defaults(handler=lambda _a: (p.print_help(), 1)[1])
+    sim = add_subcommands(p, "sim_command")
     w = sim.add_parser("worker", help="serve one simulated worker (SIMULATOR: fake completions)")
     w.add_argument("--port", type=int, required=True, help="HTTP port")
     w.add_argument("--host", default="127.0.0.1")
@@ -73,17 +73,18 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_profile(args: argparse.Namespace) -> Profile:
+def _load_profile(args: argparse.Namespace) -> TokenizerProfile:
     """The worker's tokenizer profile: the given files, or the built-in one (trained into a temp dir, loaded)."""
-    from cacheon.gateway.tokenize import Profile, ProfileSpec
     from cacheon.sim.tokenizer import write_profile
+    from cacheon.tokens.profile import TokenizerProfile, TokenizerSpec
 
     if args.tokenizer is not None:
-        return Profile(ProfileSpec(args.tokenizer, args.chat_template, args.completions_bos, args.bos_token))
+        return TokenizerProfile(TokenizerSpec(args.tokenizer, args.chat_template, args.completions_bos, args.bos_token))
     with tempfile.TemporaryDirectory(prefix="cacheon-sim-profile-") as tmp:
         tokenizer, template = write_profile(Path(tmp))
-        spec = ProfileSpec(tokenizer, args.chat_template or template, args.completions_bos, args.bos_token or BOS_TOKEN)
-        return Profile(spec)  # reads both files now: the directory can go
+        spec = TokenizerSpec(tokenizer, args.chat_template or template, args.completions_bos,
+                             args.bos_token or BOS_TOKEN)
+        return TokenizerProfile(spec)  # reads both files now: the directory can go
 
 
 def _faults() -> tuple[str, ...]:
@@ -95,7 +96,7 @@ def _faults() -> tuple[str, ...]:
 def _worker(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from cacheon.gateway.contracts import for_version
+    from cacheon.kv.contracts import for_version
     from cacheon.sim.publisher import RankPublishers, load_release_kv_events
     from cacheon.sim.worker import FAULTS, SimSettings, SimWorker, build_app
 
@@ -109,17 +110,18 @@ def _worker(args: argparse.Namespace) -> int:
         args.model, args.sglang_version, args.page_size, args.dp_size, args.kv_port, args.capacity_tokens,
         args.delay_ms / 1000, args.fault, args.kv_replay_port,
     )
-    try:
-        if args.prefix_cache == "sglang":
-            from cacheon.sim.radix import SglangPrefixCache
+    cache = None
+    if args.prefix_cache == "sglang":
+        from cacheon.sim.radix import SglangPrefixCache
 
-            sim = SimWorker(settings, profile, None, SglangPrefixCache)
-        else:
-            sim = SimWorker(settings, profile, None)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        cache = SglangPrefixCache
     kv = load_release_kv_events(args.releases_dir, args.sglang_version)
-    sim.publishers = RankPublishers(kv, args.sglang_version, settings.kv_events_config, args.dp_size)
+    publishers = RankPublishers(kv, args.sglang_version, settings.kv_events_config, args.dp_size)
+    try:
+        sim = SimWorker(settings, profile, publishers, cache)
+    except ValueError as exc:
+        publishers.close()
+        raise UsageError(str(exc)) from None
     print(f"SIMULATED SGLang {args.sglang_version} worker on http://{args.host}:{args.port} "
           f"(tokenizer sha256 {profile.tokenizer_sha256})", flush=True)
     uvicorn.run(build_app(sim), host=args.host, port=args.port, log_level="warning", access_log=False)

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         admission = admit(root)
         if not admission.admitted:
             for f in admission.scan.findings:
-                print(f"{f.file}:{f.line}: [{f.rule}] {f.message}", file=sys.stderr)
+                print(f, file=sys.stderr)
             print(f"FAIL  {admission.manifest.bundle_id}: scan found {len(admission.scan.findings)} violation(s); "
                   "the bundle was not executed", file=sys.stderr)
             if args.json:

@@ -1,1 +1,1 @@
-"""The KV-aware gateway: SGLang KV-event contracts, decoders, subscriber, block index, hash prediction."""
+"""The KV-aware gateway: the HTTP service (fleet, proxy, policies, attestation, metrics, config)."""

@@ -11,9 +11,17 @@ from urllib.parse import urlsplit
 import yaml
 
 from cacheon.errors import UsageError
-from cacheon.gateway.tokenize import ProfileSpec
+from cacheon.tokens.profile import TokenizerSpec
 
 POLICIES = ("rr", "exact", "approx")
+
+# Reviewed probe texts for token parity: plain words, spacing, digits, punctuation, non-ASCII.
+DEFAULT_PROBES = (
+    "Hello, world!",
+    "  leading and   repeated spaces\nand a newline",
+    "3.14159 and 42 and 1e-9",
+    "naïve café – “quotes” 漢字 🙂",
+)
 
 
 @dataclass(frozen=True)
@@ -36,7 +44,7 @@ class GatewayConfig:
     port: int
     policy: str
     workers: list[WorkerSpec]
-    models: dict[str, ProfileSpec]
+    models: dict[str, TokenizerSpec]
     request_timeout_s: float = 60.0
     load_epsilon: float = 0.25
     min_prefix_blocks: int = 1
@@ -51,14 +59,6 @@ class GatewayConfig:
     approx_max_entries: int = 100_000
     probes: list[str] = field(default_factory=lambda: list(DEFAULT_PROBES))
 
-
-# Reviewed probe texts for token parity: plain words, spacing, digits, punctuation, non-ASCII.
-DEFAULT_PROBES = (
-    "Hello, world!",
-    "  leading and   repeated spaces\nand a newline",
-    "3.14159 and 42 and 1e-9",
-    "naïve café – “quotes” 漢字 🙂",
-)
 
 _TOP = (set(GatewayConfig.__dataclass_fields__) - {"host", "port"}) | {"listen"}
 _STRINGS = ("_token", "_sha256")
@@ -110,14 +110,14 @@ def parse(raw: Any, base: Path) -> GatewayConfig:
     if policy not in POLICIES:
         raise UsageError(f"policy: {policy!r} is not one of {', '.join(POLICIES)}")
     workers = [worker_spec(w, f"workers[{i}]") for i, w in enumerate(_typed("workers", raw.get("workers", []), list))]
-    models: dict[str, ProfileSpec] = {}
+    models: dict[str, TokenizerSpec] = {}
     for name, spec in _typed("models", raw.get("models", {}), dict).items():
         where = f"models.{name}"
         _typed(where, spec, dict)
         _check_keys(where, spec, _MODEL)
         tokenizer = _typed(f"{where}.tokenizer", spec.get("tokenizer"), str)
         template = spec.get("chat_template")
-        models[name] = ProfileSpec(
+        models[name] = TokenizerSpec(
             tokenizer=base / tokenizer,
             chat_template=None if template is None else base / _typed(f"{where}.chat_template", template, str),
             completions_bos=_typed(f"{where}.completions_bos", spec.get("completions_bos", False), bool),

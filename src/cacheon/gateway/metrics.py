@@ -1,23 +1,28 @@
-"""Prometheus metrics of one gateway: its own registry, KV ingest counters read at scrape time."""
+"""Prometheus metrics of one gateway: its own registry; KV and cache counters read at scrape time.
+
+The collectors wrap what they measure from outside: the feeds, profiles and chain cache keep
+plain counters, and a scrape only reads them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from cacheon.gateway.hashing import CHAINS
-from cacheon.gateway.tokenize import Profile
+from cacheon.kv.feed import FeedCounters
+from cacheon.tokens.chains import ChainCache
+from cacheon.tokens.profile import TokenizerProfile
 
 _KV = ("batches", "events", "gaps", "replays", "replay_failures", "restarts", "reconnects", "clears")
+Feeds = Callable[[], Iterable[tuple[str, FeedCounters]]]  # (worker id, its feeds' totals) per worker
 
 
 class _KvCollector:
     """Sums each worker's feed counters; the KV threads own them, a scrape only reads."""
 
-    def __init__(self, feeds: Callable[[], Iterable[tuple[str, dict[str, Any]]]]) -> None:
+    def __init__(self, feeds: Feeds) -> None:
         self._feeds = feeds
 
     def collect(self) -> Iterable[Metric]:
@@ -25,18 +30,18 @@ class _KvCollector:
         rejects = CounterMetricFamily("cacheon_kv_rejects", "KV batches refused", labels=["worker", "reason"])
         for worker, counters in self._feeds():
             for k in _KV:
-                families[k].add_metric([worker], counters.get(k, 0))
-            for reason, n in counters.get("rejects", {}).items():
+                families[k].add_metric([worker], getattr(counters, k))
+            for reason, n in sorted(counters.rejects.items()):
                 rejects.add_metric([worker, reason], n)
         yield from families.values()
         yield rejects
 
 
 class _TokenCacheCollector:
-    """The exact tokenization caches' counters, per model, and the shared hash-chain cache's."""
+    """The exact tokenization caches' counters, per model, and the gateway's hash-chain cache's."""
 
-    def __init__(self, profiles: dict[str, Profile]) -> None:
-        self._profiles = profiles
+    def __init__(self, profiles: dict[str, TokenizerProfile], chains: ChainCache) -> None:
+        self._profiles, self._chains = profiles, chains
 
     def collect(self) -> Iterable[Metric]:
         windows = CounterMetricFamily("cacheon_token_windows", "tokenization windows by outcome",
@@ -50,15 +55,15 @@ class _TokenCacheCollector:
             stems.add_metric([model], cache.stem_hits)
         chains = CounterMetricFamily("cacheon_hash_chain_segments", "hash-chain cache lookups by outcome",
                                      labels=["outcome"])
-        chains.add_metric(["hit"], CHAINS.hits)
-        chains.add_metric(["miss"], CHAINS.misses)
+        chains.add_metric(["hit"], self._chains.hits)
+        chains.add_metric(["miss"], self._chains.misses)
         yield windows
         yield stems
         yield chains
 
 
 class Metrics:
-    def __init__(self, feeds: Callable[[], Iterable[tuple[str, dict[str, Any]]]], profiles: dict[str, Profile]) -> None:
+    def __init__(self, feeds: Feeds, profiles: dict[str, TokenizerProfile], chains: ChainCache) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("cacheon_requests", "proxied requests", ["endpoint", "status"], registry=self.registry)
         self.decisions = Counter("cacheon_route_decisions", "routing decisions", ["policy", "reason"],
@@ -69,4 +74,4 @@ class Metrics:
         self.upstream_errors = Counter("cacheon_upstream_errors", "failed upstream attempts", ["worker"],
                                        registry=self.registry)
         self.registry.register(_KvCollector(feeds))
-        self.registry.register(_TokenCacheCollector(profiles))
+        self.registry.register(_TokenCacheCollector(profiles, chains))

@@ -6,12 +6,43 @@ import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
+from enum import StrEnum
+from typing import NamedTuple, Protocol
 
-from cacheon.gateway.hashing import page_hashes
-from cacheon.gateway.index import BlockIndex
-from cacheon.gateway.workers import READY, Worker
+from cacheon.gateway.config import GatewayConfig
+from cacheon.gateway.workers import Worker, WorkerState
+from cacheon.kv.feed import Source
+from cacheon.kv.index import PrefixIndex
+from cacheon.tokens.chains import ChainCache
 
-Decision = tuple[Worker, str, int]  # worker, reason, prompt tokens the chosen worker holds (prefix policies)
+
+class RouteReason(StrEnum):
+    ROUND_ROBIN = "round_robin"
+    PREFIX_HIT = "prefix_hit"
+    FALLBACK_MISS = "fallback_miss"
+    FALLBACK_SHALLOW = "fallback_shallow"
+    FALLBACK_OVERLOAD = "fallback_overload"
+    FALLBACK_NOT_READY = "fallback_not_ready"
+    RETRY = "retry"  # the proxy's, after a worker failed
+
+
+class Decision(NamedTuple):
+    worker: Worker
+    reason: RouteReason
+    held: int  # prompt tokens the chosen worker holds (prefix policies)
+
+
+class Policy(Protocol):
+    """What the proxy asks of a routing policy and the fleet tells it."""
+
+    name: str
+    tokenizes: bool  # whether ``choose`` uses the prompt's tokens (the proxy skips tokenizing otherwise)
+    attests: bool  # whether it routes on KV events, so workers must climb the attestation ladder
+
+    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision: ...
+
+    def forget(self, worker_id: str) -> None:
+        """A worker left the pool: drop what the policy keeps about it."""
 
 
 def least_loaded(workers: Sequence[Worker], turn: int = 0) -> Worker:
@@ -48,52 +79,63 @@ class Prefix:
         """``held``: prompt tokens each matching worker holds; ``counted``: those deep enough."""
         turn = next(self._turns)
         if not counted:
-            return least_loaded(workers, turn), "fallback_shallow" if held else "fallback_miss", 0
+            reason = RouteReason.FALLBACK_SHALLOW if held else RouteReason.FALLBACK_MISS
+            return Decision(least_loaded(workers, turn), reason, 0)
         allowed = _bounded(workers, self.epsilon)
         fit = [w for w in workers if w.id in counted and w.id in allowed]
         if not fit:
-            return least_loaded([w for w in workers if w.id in allowed] or workers, turn), "fallback_overload", 0
+            bounded = [w for w in workers if w.id in allowed] or workers
+            return Decision(least_loaded(bounded, turn), RouteReason.FALLBACK_OVERLOAD, 0)
         best = min(fit, key=lambda w: (-held[w.id], w.in_flight))
-        return best, "prefix_hit", held[best.id]
+        return Decision(best, RouteReason.PREFIX_HIT, held[best.id])
+
+    def forget(self, worker_id: str) -> None:
+        return None
 
 
 class RoundRobin:
     name = "rr"
+    tokenizes = attests = False
 
     def __init__(self) -> None:
         self._turn = itertools.count()
 
     def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision:
-        return workers[next(self._turn) % len(workers)], "round_robin", 0
+        return Decision(workers[next(self._turn) % len(workers)], RouteReason.ROUND_ROBIN, 0)
+
+    def forget(self, worker_id: str) -> None:
+        return None
 
 
 class Exact(Prefix):
     """Longest cached prefix from the KV index, on attested (READY) workers only."""
 
     name = "exact"
+    tokenizes = attests = True
 
-    def __init__(self, index: BlockIndex, epsilon: float, min_prefix_blocks: int, min_match_ratio: float) -> None:
+    def __init__(self, index: PrefixIndex[Source], chains: ChainCache, epsilon: float, min_prefix_blocks: int,
+                 min_match_ratio: float) -> None:
         super().__init__(epsilon, min_prefix_blocks, min_match_ratio)
-        self.index = index
+        self.index, self.chains = index, chains
 
     def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision:
-        ready = [w for w in workers if w.state == READY and w.discovery is not None]
+        ready = [(w, w.discovery) for w in workers if w.state == WorkerState.READY and w.discovery is not None]
         if not ready or tokens is None:
-            return least_loaded(workers, next(self._turns)), "fallback_not_ready", 0
+            return Decision(least_loaded(workers, next(self._turns)), RouteReason.FALLBACK_NOT_READY, 0)
         # One hash chain and one index query per page size in the pool (usually one).
         by_size: dict[int, set[str]] = {}
-        for w in ready:
-            by_size.setdefault(w.discovery.page_size, set()).add(w.id)  # type: ignore[union-attr]
+        for w, found in ready:
+            by_size.setdefault(found.page_size, set()).add(w.id)
         held: dict[str, int] = {}
         counted: set[str] = set()
         for size, ids in by_size.items():
             needed = self.needed(len(tokens) // size)
-            for (source, _rank), depth in self.index.longest_prefix(page_hashes(tokens, size)).items():
+            for (source, _rank), depth in self.index.longest_prefix(self.chains.chain(tokens, size)).items():
                 if source in ids and depth * size > held.get(source, 0):
                     held[source] = depth * size
                     if depth >= needed:
                         counted.add(source)
-        return self.pick(ready, held, counted)
+        return self.pick([w for w, _ in ready], held, counted)
 
 
 class Approx(Prefix):
@@ -105,6 +147,8 @@ class Approx(Prefix):
     """
 
     name = "approx"
+    tokenizes = True
+    attests = False
 
     def __init__(self, epsilon: float, min_prefix_blocks: int, min_match_ratio: float, max_entries: int,
                  chunk: int = 16) -> None:
@@ -121,7 +165,7 @@ class Approx(Prefix):
 
     def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision:
         if tokens is None:
-            return least_loaded(workers, next(self._turns)), "fallback_miss", 0
+            return Decision(least_loaded(workers, next(self._turns)), RouteReason.FALLBACK_MISS, 0)
         keys = self._keys(tokens)
         depths: dict[str, int] = {}
         alive = {w.id for w in workers}
@@ -141,8 +185,17 @@ class Approx(Prefix):
             self._nodes.move_to_end(key)
         while len(self._nodes) > self.max_entries:
             self._nodes.popitem(last=False)
-        return worker, reason, held
+        return Decision(worker, reason, held)
 
     def forget(self, worker_id: str) -> None:
         for holders in self._nodes.values():
             holders.discard(worker_id)
+
+
+def make_policy(cfg: GatewayConfig, index: PrefixIndex[Source], chains: ChainCache) -> Policy:
+    """The configured policy, with the gateway's index and chain cache."""
+    if cfg.policy == "rr":
+        return RoundRobin()
+    if cfg.policy == "exact":
+        return Exact(index, chains, cfg.load_epsilon, cfg.min_prefix_blocks, cfg.min_match_ratio)
+    return Approx(cfg.load_epsilon, cfg.min_prefix_blocks, cfg.min_match_ratio, cfg.approx_max_entries)

@@ -3,22 +3,43 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from cacheon.gateway.config import WorkerSpec
+from cacheon.gateway.feeds import WorkerFeeds
 from cacheon.gateway.http import CallError, get_json
-from cacheon.gateway.subscriber import Subscriber
+from cacheon.kv.feed import FeedCounters
 
-# The exact-attestation ladder, in order; exact routing only at READY.
-PENDING, PROFILE_VALIDATED, TOKEN_PARITY_VERIFIED, ENGINE_HASH_ATTESTED, READY, FENCED = (
-    "PENDING", "PROFILE_VALIDATED", "TOKEN_PARITY_VERIFIED", "ENGINE_HASH_ATTESTED", "READY", "FENCED",
-)
+
+class WorkerState(StrEnum):
+    """The exact-attestation ladder, in order, and its failure; exact routing only at READY."""
+
+    PENDING = "PENDING"
+    PROFILE_VALIDATED = "PROFILE_VALIDATED"
+    TOKEN_PARITY_VERIFIED = "TOKEN_PARITY_VERIFIED"
+    ENGINE_HASH_ATTESTED = "ENGINE_HASH_ATTESTED"
+    READY = "READY"
+    FENCED = "FENCED"
+
+
+class FenceReason(StrEnum):
+    """Why a worker is FENCED (README, *Attestation ladder*)."""
+
+    UNREACHABLE = "unreachable"
+    IDENTITY_MISMATCH = "identity_mismatch"
+    ENGINE_GEOMETRY_MISMATCH = "engine_geometry_mismatch"
+    PROBE_SCHEMA_MISMATCH = "probe_schema_mismatch"
+    TOKEN_MISMATCH = "token_mismatch"
+    CHALLENGE_TIMEOUT = "challenge_timeout"
+    CHALLENGE_FAILED = "challenge_failed"
+    CONTRACT_REJECT = "contract_reject"
+    REATTEST = "reattest"  # a READY worker while its ladder runs again
 
 
 @dataclass(frozen=True)
@@ -38,7 +59,7 @@ class DiscoveryError(Exception):
 
 
 async def discover(client: aiohttp.ClientSession, url: str, timeout_s: float) -> Discovery:
-    """Ask the worker; the KV port base is dialled on the worker URL's host (DESIGN.md).
+    """Ask the worker; the KV port base is dialled on the worker URL's host (README, *Discovery*).
 
     ``/server_info`` and ``/model_info`` first; the deprecated ``/get_*`` aliases where a release
     answers only those.
@@ -77,14 +98,14 @@ def _replay_port(config: Any) -> int | None:
 
 @dataclass
 class Worker:
-    """Mutable per-worker state; changed on the event loop, read by the KV thread only via ``feed``."""
+    """Mutable per-worker state; changed on the event loop, never by the KV thread."""
 
     id: str
     spec: WorkerSpec
     discovery: Discovery | None = None
     contract_id: str | None = None
-    state: str = PENDING
-    reason: str | None = None
+    state: WorkerState = WorkerState.PENDING
+    reason: FenceReason | None = None
     detail: str | None = None
     state_since: float = field(default_factory=time.time)
     attested_at: float | None = None
@@ -93,9 +114,7 @@ class Worker:
     in_flight: int = 0
     failures: int = 0
     open_until: float = 0.0
-    subscriber: Subscriber | None = None
-    stop: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
+    feeds: WorkerFeeds | None = None
     seen_resets: int = 0
     seen_rejects: int = 0
 
@@ -107,26 +126,32 @@ class Worker:
     def kv_host(self) -> str:
         return urlsplit(self.spec.url).hostname or "127.0.0.1"
 
-    def set_state(self, state: str, reason: str | None = None, detail: str | None = None) -> None:
+    def set_state(self, state: WorkerState, reason: FenceReason | None = None, detail: str | None = None) -> None:
         self.state, self.reason, self.detail, self.state_since = state, reason, detail, time.time()
-        if state == READY:
+        if state == WorkerState.READY:
             self.attested_at = self.state_since
 
     def available(self, now: float) -> bool:
         """May take a new request: healthy, not draining, breaker closed."""
         return self.healthy and not self.draining and now >= self.open_until
 
-    def feed_totals(self) -> dict[str, Any]:
-        return self.subscriber.counters() if self.subscriber else {}
+    def failed(self, threshold: int, open_s: float) -> None:
+        """One more consecutive failure; the ``threshold``-th opens the breaker for ``open_s``."""
+        self.failures += 1
+        if self.failures >= threshold:
+            self.open_until = time.time() + open_s
+
+    def feed_totals(self) -> FeedCounters:
+        return self.feeds.totals() if self.feeds else FeedCounters()
 
     def resets(self) -> int:
         """Restarts, reconnects and clears its KV feeds counted: each one can mean a changed cache."""
         totals = self.feed_totals()
-        return sum(totals.get(k, 0) for k in ("restarts", "reconnects", "clears"))
+        return totals.restarts + totals.reconnects + totals.clears
 
     def rejects(self) -> int:
         """KV batches the decoder refused, all reasons together."""
-        return sum(self.feed_totals().get("rejects", {}).values())
+        return sum(self.feed_totals().rejects.values())
 
     @property
     def replay_port(self) -> int | None:
@@ -135,6 +160,4 @@ class Worker:
         return found or self.spec.kv_replay_port
 
     def last_seq(self) -> dict[int, int | None]:
-        if self.subscriber is None:
-            return {}
-        return {f.rank: None if f.expected is None else f.expected - 1 for f in self.subscriber.feeds}
+        return self.feeds.last_seq() if self.feeds else {}

@@ -8,10 +8,13 @@ chain, for the publisher to group into ``BlockStored`` / ``BlockRemoved`` events
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from cacheon.gateway.hashing import page_hashes
+from cacheon.kv.hashing import page_hashes
+
+Hasher = Callable[[Sequence[int], int], list[int]]  # tokens, page size -> block ids
 
 
 @dataclass(frozen=True)
@@ -21,13 +24,26 @@ class StoredPage:
     tokens: tuple[int, ...]
 
 
-class PrefixCache:
-    """At most ``capacity_tokens`` tokens in full pages of ``page_size``."""
+class SimCache(Protocol):
+    """What the simulated worker needs of a prefix cache (``PrefixCache``, ``SglangPrefixCache``)."""
 
-    def __init__(self, page_size: int, capacity_tokens: int) -> None:
+    def __len__(self) -> int: ...
+
+    def match(self, tokens: Sequence[int]) -> int: ...
+
+    def insert(self, tokens: Sequence[int]) -> tuple[list[StoredPage], list[int]]: ...
+
+    def clear(self) -> None: ...
+
+
+class PrefixCache:
+    """At most ``capacity_tokens`` tokens in full pages of ``page_size``; ``hasher`` is SGLang's chain
+    (a chain cache's, when the tokens come from a tokenization profile)."""
+
+    def __init__(self, page_size: int, capacity_tokens: int, hasher: Hasher = page_hashes) -> None:
         if capacity_tokens < page_size:
             raise ValueError("capacity must hold at least one page")
-        self.page_size = page_size
+        self.page_size, self._hashes = page_size, hasher
         self.capacity_pages = capacity_tokens // page_size
         self._parent: dict[int, int | None] = {}
         self._children: dict[int, int] = {}
@@ -39,7 +55,7 @@ class PrefixCache:
     def match(self, tokens: Sequence[int], touch: bool = True) -> int:
         """How many leading tokens are cached; ``touch`` refreshes the matched path's LRU order, as a hit does."""
         hits = 0
-        for h in page_hashes(tokens, self.page_size):
+        for h in self._hashes(tokens, self.page_size):
             if h not in self._parent:
                 break
             hits += 1
@@ -52,7 +68,7 @@ class PrefixCache:
         stored: list[StoredPage] = []
         evicted: list[int] = []
         parent: int | None = None
-        chain = page_hashes(tokens, self.page_size)
+        chain = self._hashes(tokens, self.page_size)
         for i, h in enumerate(chain):
             if h not in self._parent:
                 evicted += self._make_room(protect=set(chain[:i]))

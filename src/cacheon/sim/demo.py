@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from cacheon.sim.launch import Gateway, Sim
+from cacheon.sim.launch import GatewayProcess, SimProcess
 from cacheon.sim.tokenizer import CORPUS, write_profile
 
 Messages = list[dict[str, str]]
@@ -148,12 +148,12 @@ def replay(url: str, sessions: list[Session], max_tokens: int = 16, seed: int = 
 def run(policy: str, workers: int, version: str, sessions: list[Session], tmp: Path, profile: tuple[Path, Path],
         page_size: int, capacity_tokens: int, delay_ms: int) -> Outcome:
     with ExitStack() as stack:
-        sims = [Sim(stack, tmp, profile, version, page_size=page_size, capacity_tokens=capacity_tokens,
+        sims = [SimProcess(stack, tmp, profile, version, page_size=page_size, capacity_tokens=capacity_tokens,
                     delay_ms=delay_ms)
                 for _ in range(workers)]
         for s in sims:
             s.ready()
-        gw = Gateway(stack, tmp, profile, policy, [{"url": s.url} for s in sims])
+        gw = GatewayProcess(stack, tmp, profile, policy, [{"url": s.url} for s in sims])
         if policy == "exact":
             gw.settled([s.url for s in sims])
         names = {s.url: f"sim{i}" for i, s in enumerate(sims)}

@@ -93,7 +93,9 @@ def wait_until(check: Any, what: str, timeout_s: float = WAIT_S) -> Any:
         time.sleep(0.1)
 
 
-class Sim:
+class SimProcess:
+    """One simulated worker as a real process."""
+
     def __init__(self, stack: ExitStack, tmp: Path, profile: tuple[Path, Path], version: str, *,
                  page_size: int = 4, dp_size: int = 1, delay_ms: int = 0, fault: str | None = None,
                  model: str = "demo", capacity_tokens: int = 1 << 16, releases: Path = RELEASES,
@@ -124,7 +126,9 @@ class Sim:
         return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
 
 
-class Gateway:
+class GatewayProcess:
+    """One gateway as a real process (``cacheon gateway serve``), configured from arguments."""
+
     def __init__(self, stack: ExitStack, tmp: Path, profile: tuple[Path, Path], policy: str,
                  workers: list[dict[str, Any]], **extra: Any) -> None:
         self.port = free_port()

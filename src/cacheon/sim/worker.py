@@ -9,11 +9,12 @@ lie in one precise way each, so every rung of the gateway's attestation ladder c
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import time
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +24,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from cacheon.gateway.disconnect import unless_client_leaves
-from cacheon.gateway.tokenize import Profile
-from cacheon.sim.cache import PrefixCache
+from cacheon.disconnect import unless_client_leaves
+from cacheon.sim.cache import PrefixCache, SimCache
 from cacheon.sim.publisher import RankPublishers, kv_events_config
+from cacheon.tokens.chains import ChainCache
+from cacheon.tokens.profile import TokenizerProfile
+
+CacheFactory = Callable[[int, int], SimCache]  # page size, capacity in tokens -> one rank's cache
 
 # From 0.5.22 the /server_info ``kv_events`` descriptor also names the replay ROUTER's base port
 # (runtime_context.py ``describe_kv_events_publisher``); before, only ``kv_events_config`` does.
@@ -66,14 +70,17 @@ def _reported_version(version: str, lie: str | None) -> str:
 class SimWorker:
     """State behind the routes: one cache per DP rank, the publishers, counters."""
 
-    def __init__(self, settings: SimSettings, profile: Profile, publishers: RankPublishers | None,
-                 cache: type[PrefixCache] | Any = PrefixCache) -> None:
+    def __init__(self, settings: SimSettings, profile: TokenizerProfile, publishers: RankPublishers | None,
+                 cache: CacheFactory | None = None) -> None:
         if settings.fault is not None and settings.fault not in FAULTS:
             raise ValueError(f"unknown fault {settings.fault!r}")
         if settings.fault == "rank_lie" and settings.dp_size < 2:
             raise ValueError("rank_lie needs --dp-size 2 or more")
         self.s, self.profile, self.publishers = settings, profile, publishers
-        self.caches = [cache(settings.page_size, settings.capacity_tokens) for _ in range(settings.dp_size)]
+        # Prompts tokenized through the profile hash through one chain cache, as in the gateway.
+        self.chains = ChainCache()
+        make = cache or functools.partial(PrefixCache, hasher=self.chains.chain)
+        self.caches = [make(settings.page_size, settings.capacity_tokens) for _ in range(settings.dp_size)]
         self._next_rank = itertools.cycle(range(settings.dp_size))
         self._ids = itertools.count()
         # Requests served to the end, and abandoned because the client left first (SGLang aborts those).

@@ -1,0 +1,47 @@
+"""One worker's KV feeds in a thread of their own: the subscriber for its discovered geometry."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from cacheon.kv.contracts import WireContract
+from cacheon.kv.feed import Delivery, FeedCounters, Source
+from cacheon.kv.index import PrefixIndex
+from cacheon.kv.subscriber import Subscriber
+
+
+class WorkerFeeds:
+    """A ``Subscriber`` with one feed per DP rank, polled by a daemon thread until ``close``."""
+
+    def __init__(self, worker_id: str, endpoint_base: str, contract: WireContract, dp_size: int,
+                 replay_base: str | None, index: PrefixIndex[Source],
+                 echo: Callable[[Delivery], None]) -> None:
+        self.contract = contract
+        self.dp_size = dp_size
+        self._index = index
+        self.subscriber = Subscriber(index, echo)
+        self.subscriber.add_worker(worker_id, endpoint_base, contract, range(dp_size), replay_base=replay_base)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self.subscriber.run, args=(self._stop, 0.05), daemon=True,
+                                        name=f"kv-{worker_id}")
+        self._thread.start()
+
+    def serves(self, contract: WireContract, dp_size: int) -> bool:
+        """Whether these feeds already match that geometry."""
+        return contract.id == self.contract.id and dp_size == self.dp_size
+
+    def totals(self) -> FeedCounters:
+        return self.subscriber.totals()
+
+    def last_seq(self) -> dict[int, int | None]:
+        return {f.rank: None if f.expected is None else f.expected - 1 for f in self.subscriber.feeds}
+
+    def close(self) -> None:
+        """Stop the thread, forget the worker's blocks, close the sockets."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        for feed in self.subscriber.feeds:
+            self._index.drop(feed.source)
+        self.subscriber.close()
+

@@ -1,0 +1,200 @@
+"""The workers behind a gateway: register, attest, feed, check health, drain, remove.
+
+Everything here runs on the gateway's event loop; each worker's KV feeds run in a thread of
+their own (``WorkerFeeds``) and touch only the shared index and ``Echoes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+import aiohttp
+
+from cacheon.errors import UsageError
+from cacheon.gateway.attest import Echoes, Rung, climb
+from cacheon.gateway.config import GatewayConfig, WorkerSpec
+from cacheon.gateway.feeds import WorkerFeeds
+from cacheon.gateway.http import TRANSPORT_ERRORS
+from cacheon.gateway.policy import Policy
+from cacheon.gateway.workers import FenceReason, Worker, WorkerState, discover
+from cacheon.kv.contracts import by_id
+from cacheon.kv.feed import Source
+from cacheon.kv.index import PrefixIndex
+from cacheon.tokens.chains import ChainCache
+from cacheon.tokens.profile import TokenizerProfile
+
+
+class Fleet:
+    """The worker set and each worker's lifecycle."""
+
+    def __init__(self, cfg: GatewayConfig, profiles: dict[str, TokenizerProfile], index: PrefixIndex[Source],
+                 chains: ChainCache, policy: Policy) -> None:
+        self.cfg, self.profiles, self.index, self.chains, self.policy = cfg, profiles, index, chains, policy
+        self.echoes = Echoes()
+        self.workers: dict[str, Worker] = {}
+        self._client: aiohttp.ClientSession | None = None
+        self._ids = itertools.count()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._attesting: set[str] = set()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self, client: aiohttp.ClientSession) -> None:
+        self._client = client
+        for spec in self.cfg.workers:
+            self.add(spec)
+        self._spawn(self._health_loop())
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for w in self.workers.values():
+            self._unsubscribe(w)
+
+    @property
+    def client(self) -> aiohttp.ClientSession:
+        if self._client is None:
+            raise RuntimeError("the fleet is not started")
+        return self._client
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def add(self, spec: WorkerSpec) -> Worker:
+        wid = spec.id or f"w{next(self._ids)}"
+        while wid in self.workers and spec.id is None:
+            wid = f"w{next(self._ids)}"
+        if wid in self.workers or any(w.url == spec.url for w in self.workers.values()):
+            raise UsageError(f"worker {wid} ({spec.url}) is already registered")
+        worker = self.workers[wid] = Worker(wid, spec)
+        self._spawn(self.attest(worker))
+        return worker
+
+    async def drain(self, worker: Worker) -> None:
+        worker.draining = True
+        deadline = time.monotonic() + self.cfg.drain_timeout_s
+        while worker.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def remove(self, worker: Worker) -> None:
+        """Drain first, then drop its KV state and what the policy keeps about it."""
+        await self.drain(worker)
+        self.workers.pop(worker.id, None)
+        self._unsubscribe(worker)
+        self.policy.forget(worker.id)
+
+    # -- attestation and feeds -----------------------------------------------------------
+
+    async def attest(self, worker: Worker) -> None:
+        """Attesting policies: the full ladder. Others: discovery only, for /status and approx."""
+        if worker.id in self._attesting:
+            return
+        self._attesting.add(worker.id)
+        try:
+            if self.policy.attests:
+                async for rung in climb(self.client, worker, self.cfg, self.profiles, self.echoes, self.chains.chain):
+                    self._apply(worker, rung)
+                worker.seen_resets, worker.seen_rejects = worker.resets(), worker.rejects()
+            else:
+                with contextlib.suppress(Exception):
+                    worker.discovery = await discover(self.client, worker.url, self.cfg.request_timeout_s)
+        finally:
+            self._attesting.discard(worker.id)
+
+    def _apply(self, worker: Worker, rung: Rung) -> None:
+        """One rung of the ladder: identity first (and the feeds it names), then the state."""
+        if rung.discovery is not None:
+            worker.contract_id, worker.discovery = rung.contract_id, rung.discovery
+            self._subscribe(worker)
+        worker.set_state(rung.state, rung.reason, rung.detail)
+
+    def _subscribe(self, worker: Worker) -> None:
+        """(Re)connect the worker's KV feeds for its discovered geometry."""
+        found, contract = worker.discovery, by_id(worker.contract_id or "")
+        assert found is not None and found.kv_port is not None  # checked by the ladder's identity rung
+        if worker.feeds is not None:
+            if worker.feeds.serves(contract, found.dp_size):
+                return
+            self._unsubscribe(worker)
+        replay = worker.replay_port
+        worker.feeds = WorkerFeeds(
+            worker.id, f"tcp://{worker.kv_host}:{found.kv_port}", contract, found.dp_size,
+            f"tcp://{worker.kv_host}:{replay}" if replay else None, self.index,
+            functools.partial(self.echoes.on_delivery, worker.id),
+        )
+
+    def _unsubscribe(self, worker: Worker) -> None:
+        if worker.feeds is not None:
+            worker.feeds.close()
+            worker.feeds = None
+
+    # -- health --------------------------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.health_interval_s)
+            for w in list(self.workers.values()):
+                await self._check(w)
+
+    async def _check(self, w: Worker) -> None:
+        """Active health check; restarts, reconnects, rejects and the cadence trigger re-attestation."""
+        try:
+            async with self.client.get(f"{w.url}/health", timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+                ok = resp.status == 200
+        except TRANSPORT_ERRORS:
+            ok = False
+        came_back = ok and not w.healthy
+        w.healthy = ok
+        if ok and came_back:
+            w.failures, w.open_until = 0, 0.0
+        if not self.policy.attests or not ok:
+            return
+        resets, rejects = w.resets(), w.rejects()
+        if rejects > w.seen_rejects:
+            w.set_state(WorkerState.FENCED, FenceReason.CONTRACT_REJECT,
+                        f"{rejects - w.seen_rejects} KV batch(es) refused by the decoder")
+        now = time.time()
+        stale = w.state == WorkerState.READY and now - (w.attested_at or now) > self.cfg.attest_interval_s
+        retry = w.state == WorkerState.FENCED and now - w.state_since > self.cfg.attest_retry_s
+        if came_back or resets > w.seen_resets or rejects > w.seen_rejects or stale or retry:
+            if w.state == WorkerState.READY:
+                w.set_state(WorkerState.FENCED, FenceReason.REATTEST, "re-attesting")
+            self._spawn(self.attest(w))
+
+    # -- views ---------------------------------------------------------------------------
+
+    def pool(self, model: str | None, tried: set[str]) -> list[Worker]:
+        """Workers that may take a request now: available, untried, serving its model (if known)."""
+        now = time.time()
+        return [w for w in self.workers.values()
+                if w.available(now) and w.id not in tried
+                and (model is None or w.discovery is None or w.discovery.model == model)]
+
+    def status(self, w: Worker) -> dict[str, Any]:
+        d = w.discovery
+        return {
+            "id": w.id,
+            "url": w.url,
+            "version": d.version if d else None,
+            "model": d.model if d else None,
+            "contract": w.contract_id,
+            "ladder": {"state": w.state, "reason": w.reason, "detail": w.detail, "since": w.state_since,
+                       "attested_at": w.attested_at},
+            "healthy": w.healthy,
+            "draining": w.draining,
+            "breaker_open": time.time() < w.open_until,
+            "in_flight": w.in_flight,
+            "kv_replay_port": w.replay_port,
+            "indexed_blocks": sum(self.index.blocks((w.id, r)) for r in range(d.dp_size if d else 0)),
+            "last_seq": w.last_seq(),
+            "rejects": w.feed_totals().as_dict()["rejects"],
+        }

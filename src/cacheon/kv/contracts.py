@@ -1,0 +1,180 @@
+"""The registry of SGLang KV-event wire contracts: one exact, versioned entry per wire shape.
+
+Every fact here was measured on the release wheels' own ``kv_events`` module (README, *KV
+events*; tests/interop runs each release's publisher). A version outside every contract is an
+error, never "the closest" one: a decoder that mostly understands a payload routes silently wrong.
+Each contract names its batch type (``cacheon.kv.events``); its encoding and optional fields are
+read off that type, so the registry and the decoder cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from cacheon.errors import UsageError
+from cacheon.kv.events import (
+    BatchV1,
+    BatchV2,
+    BatchV3,
+    BatchV4,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    event_types,
+    field_names,
+)
+
+
+class Promotion(StrEnum):
+    """How far a contract is proven, weakest first. Only evidence from a real engine promotes to
+    ``validated``; contracts backed by fixtures and the releases' own publisher code stay ``candidate``."""
+
+    OBSERVED = "observed"
+    CANDIDATE = "candidate"
+    VALIDATED = "validated"
+    BLOCKED = "blocked"
+
+
+PROMOTION_STATES = tuple(Promotion)
+
+
+class Encoding(StrEnum):
+    TAGGED_ARRAY = "tagged-array"
+    TAGGED_MAP = "tagged-map"
+
+
+class ReplayFraming(StrEnum):
+    """``seq``: replies [b"", seq, payload], end [b"", END, b""].
+    ``topic-seq``: replies [b"", topic, seq, payload], end [b"", b"", END, b""]."""
+
+    SEQ = "seq"
+    TOPIC_SEQ = "topic-seq"
+
+
+# SGLang's unsalted page-hash chain (cacheon.kv.hashing). Salted, adapter-namespaced
+# and EAGLE bigram stores publish other ids, which a gateway indexes but cannot predict.
+HASH_BINDING = "sglang-page-sha256-v1"
+
+
+@dataclass(frozen=True)
+class WireContract:
+    """One wire shape: which releases speak it and exactly what a payload may contain."""
+
+    id: str
+    versions: tuple[str, ...]
+    batch: type[EventBatch]
+    replay_framing: ReplayFraming
+    hash_binding: str
+    # Whether page_hashes was checked bit-exact against this contract's own SGLang code
+    # (tests/sglang). 0.5.18+ hash in a C++ extension built at run time, not checked here.
+    hash_checked: bool
+    promotion: Promotion
+    summary: str
+
+    @property
+    def stored(self) -> type[BlockStored]:
+        """This contract's BlockStored class."""
+        return next(t for t in event_types(self.batch) if issubclass(t, BlockStored))
+
+    @property
+    def encoding(self) -> Encoding:
+        return Encoding.TAGGED_ARRAY if self.stored.__struct_config__.array_like else Encoding.TAGGED_MAP
+
+    @property
+    def stored_optional(self) -> tuple[str, ...]:
+        """Optional BlockStored fields beyond the required five (block_hashes, parent_block_hash,
+        token_ids, block_size, lora_id); for tagged arrays, in wire order after them."""
+        return field_names(self.stored)[1]
+
+    def describe(self) -> dict[str, object]:
+        """JSON-ready form for ``cacheon kv contracts --json``."""
+        return {
+            "id": self.id,
+            "versions": list(self.versions),
+            "encoding": self.encoding,
+            "replay_framing": self.replay_framing,
+            "stored_optional": list(self.stored_optional),
+            "removed_optional": list(field_names(BlockRemoved)[1]),
+            "hash_binding": self.hash_binding,
+            "hash_checked": self.hash_checked,
+            "promotion": self.promotion,
+            "summary": self.summary,
+        }
+
+
+CONTRACTS: tuple[WireContract, ...] = (
+    WireContract(
+        id="sglang-kv-rank-v1",
+        versions=("0.5.13.post1",),
+        batch=BatchV1,
+        replay_framing=ReplayFraming.SEQ,
+        hash_binding=HASH_BINDING,
+        hash_checked=True,
+        promotion=Promotion.CANDIDATE,
+        summary="tagged arrays, one BlockStored per page; per-rank ports base+rank",
+    ),
+    WireContract(
+        id="sglang-kv-rank-v2",
+        versions=("0.5.18", "0.5.19"),
+        batch=BatchV2,
+        replay_framing=ReplayFraming.SEQ,
+        hash_binding=HASH_BINDING,
+        hash_checked=False,
+        promotion=Promotion.CANDIDATE,
+        summary="tagged arrays; salted stores append a {cache_salt} map; pages coalesce per event",
+    ),
+    WireContract(
+        id="sglang-kv-rank-v3",
+        versions=("0.5.20", "0.5.21"),
+        batch=BatchV3,
+        replay_framing=ReplayFraming.SEQ,
+        hash_binding=HASH_BINDING,
+        hash_checked=False,
+        promotion=Promotion.CANDIDATE,
+        summary="tagged maps {type, ...}; nil optional fields omitted",
+    ),
+    WireContract(
+        id="sglang-kv-rank-v4",
+        versions=("0.5.22", "0.5.23"),
+        batch=BatchV4,
+        replay_framing=ReplayFraming.TOPIC_SEQ,
+        hash_binding=HASH_BINDING,
+        hash_checked=False,
+        promotion=Promotion.CANDIDATE,
+        summary="tagged maps + lora_name; replay replies carry the topic frame",
+    ),
+)
+
+# Every release the interop matrix runs; scripts/install_sglang_releases.sh reads this.
+INTEROP_RELEASES: tuple[str, ...] = tuple(v for c in CONTRACTS for v in c.versions)
+
+
+def promoted(validated: set[str]) -> tuple[WireContract, ...]:
+    """The registry with ledger evidence applied: a contract with a real-engine pass under an
+    identity it covers (``validated``, computed by the evidence ledger) is promoted; a blocked
+    contract stays blocked whatever the evidence says."""
+    return tuple(
+        replace(c, promotion=Promotion.VALIDATED) if c.id in validated and c.promotion != Promotion.BLOCKED else c
+        for c in CONTRACTS
+    )
+
+
+def by_id(contract_id: str) -> WireContract:
+    """The contract named ``contract_id``; an unknown id is a usage error."""
+    for contract in CONTRACTS:
+        if contract.id == contract_id:
+            return contract
+    known = ", ".join(c.id for c in CONTRACTS)
+    raise UsageError(f"unknown KV-event contract {contract_id!r} (known: {known})")
+
+
+def for_version(version: str) -> WireContract:
+    """The contract covering exactly this SGLang version; anything else fails closed."""
+    for contract in CONTRACTS:
+        if version in contract.versions:
+            return contract
+    raise UsageError(
+        f"no KV-event contract covers SGLang {version!r} (covered: {', '.join(INTEROP_RELEASES)}); "
+        "capture its wire and add a contract rather than guessing"
+    )

@@ -1,0 +1,113 @@
+"""Tokenization profiles: encode a request exactly as the worker will, or routing predicts wrong.
+
+A profile is one served model's ``tokenizer.json`` (HF ``tokenizers``), its chat template
+(rendered the way transformers' ``apply_chat_template`` does), both pinned by sha256 when the
+operator gives a digest, and the engine's quirks. ``completions_bos``: SGLang's OpenAI
+completions path for some models encodes without special tokens and prepends one BOS.
+Encoding goes through an exact window cache (``tokencache``) wherever it can be proven equal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+from cacheon.errors import UsageError
+from cacheon.tokens.windows import Affixes, WindowEncoder, affixes, anchors
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """What a config file says about one model."""
+
+    tokenizer: Path
+    chat_template: Path | None = None
+    completions_bos: bool = False
+    bos_token: str | None = None
+    eos_token: str | None = None
+    tokenizer_sha256: str | None = None
+    chat_template_sha256: str | None = None
+
+
+def _pinned(path: Path, expected: str | None) -> tuple[bytes, str]:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if expected is not None and digest != expected.lower():
+        raise UsageError(f"{path} has sha256 {digest}, the config pins {expected}")
+    return data, digest
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+class TokenizerProfile:
+    """Encodes completions and chat requests for one served model."""
+
+    def __init__(self, spec: TokenizerSpec) -> None:
+        data, self.tokenizer_sha256 = _pinned(spec.tokenizer, spec.tokenizer_sha256)
+        try:
+            self.tokenizer = Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as exc:  # tokenizers raises plain Exception on a bad file
+            raise UsageError(f"{spec.tokenizer} is not a tokenizer.json: {exc}") from None
+        self.spec = spec
+        self.template = None
+        self.chat_template_sha256 = None
+        source = b""
+        if spec.chat_template is not None:
+            source, self.chat_template_sha256 = _pinned(spec.chat_template, spec.chat_template_sha256)
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            self.template = env.from_string(source.decode("utf-8"))
+        config = json.loads(data)
+        self.windows = WindowEncoder(
+            self.tokenizer, anchors(config, source.decode("utf-8"), (spec.bos_token, spec.eos_token)))
+        self._affixes = affixes(config) if self.windows.enabled else None
+        self.bos_id = None
+        if spec.bos_token is not None:
+            self.bos_id = self.tokenizer.token_to_id(spec.bos_token)
+            if self.bos_id is None:
+                raise UsageError(f"bos_token {spec.bos_token!r} is not in {spec.tokenizer}")
+        if spec.completions_bos and self.bos_id is None:
+            raise UsageError("completions_bos needs bos_token")
+        self._bos: Affixes = ((self.bos_id,), ()) if self.bos_id is not None else ((), ())
+
+    def encode(self, text: str) -> list[int]:
+        """Plain encoding with the tokenizer's own special-token rule (SGLang ``/generate``)."""
+        if self._affixes is None:
+            ids: list[int] = self.tokenizer.encode(text).ids
+            return ids
+        return self.windows.encode(text, self._affixes)
+
+    def encode_completion(self, prompt: str) -> list[int]:
+        """``/v1/completions``: the quirk, if any, is applied here."""
+        if self.spec.completions_bos:
+            return self.windows.encode(prompt, self._bos)
+        return self.encode(prompt)
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        if self.template is None:
+            raise UsageError("this model has no chat template")
+        try:
+            return self.template.render(
+                messages=messages,
+                add_generation_prompt=True,
+                bos_token=self.spec.bos_token or "",
+                eos_token=self.spec.eos_token or "",
+            )
+        except TemplateError as exc:
+            raise UsageError(f"chat template: {exc}") from None
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """As transformers' ``apply_chat_template(tokenize=True)``: no specials added on top."""
+        return self.windows.encode(self.render_chat(messages))

@@ -1,0 +1,127 @@
+"""In-process parts of the gateway: config, policies, discovery."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from cacheon.errors import UsageError
+from cacheon.gateway.config import WorkerSpec, load
+from cacheon.gateway.http import session
+from cacheon.gateway.policy import Approx, Exact
+from cacheon.gateway.workers import Discovery, Worker, WorkerState, discover
+from cacheon.kv.hashing import page_hashes
+from cacheon.kv.index import BlockIndex
+from cacheon.tokens.chains import ChainCache
+
+
+def _config(tmp_path: Path, text: str, name: str = "gw.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_config_yaml_and_toml_agree(tmp_path: Path, profile: tuple[Path, Path]) -> None:
+    yaml_cfg = load(_config(tmp_path, f"listen: 127.0.0.1:9\npolicy: exact\nworkers:\n  - url: http://127.0.0.1:1/\n"
+                                      f"models:\n  demo: {{tokenizer: {profile[0]}, completions_bos: true, bos_token: '<s>'}}\n"))
+    toml_cfg = load(_config(tmp_path, f'listen = "127.0.0.1:9"\npolicy = "exact"\n[[workers]]\nurl = "http://127.0.0.1:1/"\n'
+                                      f'[models.demo]\ntokenizer = "{profile[0]}"\ncompletions_bos = true\nbos_token = "<s>"\n',
+                                      "gw.toml"))
+    assert yaml_cfg == toml_cfg
+    assert yaml_cfg.workers[0].url == "http://127.0.0.1:1"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("policy: fastest\n", "policy: 'fastest' is not one of rr, exact, approx"),
+        ("policy: rr\nworkers: [{url: 'ftp://x'}]\n", "workers[0].url: 'ftp://x' is not http(s)://HOST:PORT"),
+        ("policy: rr\nworkers: [{url: 'http://x:1', page_size: 0}]\n", "workers[0].page_size: must be >= 1"),
+        ("policy: rr\nworkers: [{url: 'http://x:1', pagesize: 4}]\n", "workers[0]: unknown key(s) pagesize"),
+        ("policy: exact\n", "policy exact tokenizes requests: configure at least one model"),
+        ("listen: nowhere\n", "listen: 'nowhere' is not HOST:PORT"),
+        ("policy: rr\nrequest_timeout_s: true\n", "request_timeout_s: expected"),
+        ("policy: rr\nmin_match_ratio: 1.5\n", "min_match_ratio: must be between 0 and 1"),
+        ("[oops\n", "not valid YAML"),
+    ],
+)
+def test_config_errors_say_where(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        load(_config(tmp_path, text))
+
+
+def _worker(wid: str, in_flight: int = 0) -> Worker:
+    w = Worker(wid, WorkerSpec(url=f"http://{wid}:1"), discovery=Discovery("0.5.22", "demo", 2, 1, 1))
+    w.state, w.in_flight = WorkerState.READY, in_flight
+    return w
+
+
+def test_exact_prefers_longest_prefix_within_the_load_bound() -> None:
+    index = BlockIndex()
+    tokens = list(range(8))
+    chain = page_hashes(tokens, 2)
+    index.apply(("a", 0), [("store", chain[:1])])
+    index.apply(("b", 0), [("store", chain[:3])])
+    policy = Exact(index, ChainCache(), epsilon=0.25, min_prefix_blocks=1, min_match_ratio=0)
+    a, b, c = _worker("a"), _worker("b"), _worker("c")
+    assert [policy.choose([a, b, c], tokens)[i] for i in (1, 2)] == ["prefix_hit", 6]  # 3 pages of 2 tokens
+    assert policy.choose([a, b, c], tokens)[0] is b
+    b.in_flight = 10  # far above (1 + ε) × the mean: skipped for the next best match
+    assert policy.choose([a, b, c], tokens)[:2] == (a, "prefix_hit")
+    assert policy.choose([a, b, c], [99, 98, 97])[1] == "fallback_miss"
+    b.state = WorkerState.FENCED
+    b.in_flight = 0
+    assert policy.choose([b], tokens)[1] == "fallback_not_ready"
+
+
+def test_a_match_must_cover_enough_of_the_prompt_and_idle_ties_rotate() -> None:
+    index = BlockIndex()
+    tokens = list(range(8))  # 4 pages of 2
+    index.apply(("a", 0), [("store", page_hashes(tokens, 2)[:1])])  # a system-prompt-sized match: 1 of 4
+    policy = Exact(index, ChainCache(), epsilon=0.25, min_prefix_blocks=1, min_match_ratio=0.5)
+    workers = [_worker("a"), _worker("b"), _worker("c")]
+    picks = [policy.choose(workers, tokens) for _ in range(3)]
+    assert {reason for _, reason, _ in picks} == {"fallback_shallow"}
+    assert {w.id for w, _, _ in picks} == {"a", "b", "c"}  # a burst onto an idle pool spreads out
+    index.apply(("a", 0), [("store", page_hashes(tokens, 2)[:2])])  # now half the prompt
+    assert policy.choose(workers, tokens)[:3] == (workers[0], "prefix_hit", 4)
+
+
+def test_approx_remembers_where_prefixes_went_within_its_bound() -> None:
+    policy = Approx(epsilon=0.25, min_prefix_blocks=1, min_match_ratio=0, max_entries=4, chunk=2)
+    a, b = _worker("a"), _worker("b")
+    first, reason, _ = policy.choose([a, b], [1, 2, 3, 4])
+    assert reason == "fallback_miss"
+    again = policy.choose([a, b], [1, 2, 3, 4, 5, 6])
+    assert again[:3] == (first, "prefix_hit", 4)
+    policy.choose([a, b], [7, 8, 9, 10, 11, 12])  # 3 new nodes: the LRU bound drops the oldest
+    assert policy.choose([a, b], [1, 2])[1] == "fallback_miss"
+    policy.forget(first.id)  # a removed worker's entries go with it
+    assert policy.choose([a, b], [7, 8, 9, 10])[1] == "fallback_miss"
+
+
+@pytest.mark.parametrize("prefix", ["/", "/get_"])
+def test_discovery_reads_server_info_or_its_deprecated_alias(prefix: str) -> None:
+    """A real HTTP server answering only one spelling of SGLang's info endpoints."""
+    info = {"version": "0.5.22", "served_model_name": "demo", "kv_events_config": '{"replay_endpoint": "tcp://*:7100"}',
+            "kv_events": {"publisher": "zmq", "endpoint_host": "*", "endpoint_port_base": 7000, "topic": "",
+                          "block_size": 16, "dp_size": 2}}
+
+    async def server_info(_: web.Request) -> web.Response:
+        return web.json_response(info)
+
+    async def model_info(_: web.Request) -> web.Response:
+        return web.json_response({"model_path": "/models/demo"})
+
+    async def run() -> Discovery:
+        app = web.Application()
+        app.router.add_get(f"{prefix}server_info", server_info)
+        app.router.add_get(f"{prefix}model_info", model_info)
+        async with TestServer(app) as server, session() as client:
+            return await discover(client, str(server.make_url("")).rstrip("/"), 5)
+
+    assert asyncio.run(run()) == Discovery("0.5.22", "demo", 16, 2, 7000, replay_port=7100)

@@ -1,0 +1,97 @@
+"""Subscriber behaviour that needs no SGLang: malformed frames, a silent replay ROUTER, endpoints.
+(Every release's real publisher runs against it in tests/interop.)"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from cacheon.errors import UsageError
+from cacheon.kv.contracts import for_version
+from cacheon.kv.index import BlockIndex
+from cacheon.kv.subscriber import Delivery, Subscriber, rank_endpoint
+
+FIXTURES = json.loads((Path(__file__).parent / "fixtures" / "kv_wire.json").read_text())
+PIN = "0.5.13.post1"
+STORED = base64.b64decode(FIXTURES[PIN]["stored_page"]["payload"])  # rank 0, stores block 11
+EMPTY = base64.b64decode(FIXTURES[PIN]["cleared"]["payload"])
+WAIT_S = 60.0
+
+
+@pytest.fixture
+def wire():
+    """A bare PUB and a ROUTER that never answers, on free loopback ports."""
+    ctx = zmq.Context()
+    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+    pub_port = pub.bind_to_random_port("tcp://127.0.0.1")
+    router_port = router.bind_to_random_port("tcp://127.0.0.1")
+    yield pub, f"tcp://127.0.0.1:{pub_port}", f"tcp://127.0.0.1:{router_port}"
+    pub.close(linger=0)
+    router.close(linger=0)
+    ctx.term()
+
+
+def pump(subscriber: Subscriber, send, done) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not done():
+        assert time.monotonic() < deadline, subscriber.counters()
+        send()
+        subscriber.poll(0.1)
+
+
+def test_malformed_frames_are_rejected_and_change_nothing(wire) -> None:
+    pub, endpoint, _ = wire
+    index, seen = BlockIndex(), []
+    subscriber = Subscriber(index, seen.append)
+    try:
+        subscriber.add_worker("w", endpoint, for_version(PIN), [0])
+        pump(subscriber, lambda: pub.send_multipart([b"", STORED]), lambda: bool(seen))
+    finally:
+        subscriber.close()
+    assert {(d.seq, d.reject.reason) for d in seen if d.reject} == {(-1, "decode_error")}
+    assert index.longest_prefix([11]) == {}
+
+
+def test_a_hole_the_router_will_not_fill_clears_the_rank_and_backs_off(wire) -> None:
+    pub, endpoint, replay = wire
+    index, seen = BlockIndex(), []
+    subscriber = Subscriber(index, seen.append, replay_timeout_s=0.3)
+    try:
+        (feed,) = subscriber.add_worker("w", endpoint, for_version(PIN), [0], replay_base=replay)
+        seq = iter(range(100, 10_000))
+        pump(
+            subscriber,
+            lambda: pub.send_multipart([b"", next(seq).to_bytes(8, "big"), STORED]),
+            lambda: index.longest_prefix([11]) != {},
+        )
+        time.sleep(0.5)  # let the first-contact replay's back-off (0.1 s) run out
+        before = dict(vars(feed.counters))
+        hole = feed.expected + 5
+        pub.send_multipart([b"", hole.to_bytes(8, "big"), EMPTY])
+        pump(subscriber, lambda: None, lambda: feed.expected == hole + 1)
+        after = dict(vars(feed.counters))
+        assert after["gaps"] - before["gaps"] == 1
+        assert after["replays"] - before["replays"] == 1
+        assert after["replay_failures"] - before["replay_failures"] == 1
+        assert after["clears"] - before["clears"] == 1
+        # Backing off: the next hole is not replayed, but the rank is still dropped.
+        pub.send_multipart([b"", (hole + 3).to_bytes(8, "big"), STORED])
+        pump(subscriber, lambda: None, lambda: feed.expected == hole + 4)
+        assert vars(feed.counters)["replays"] == after["replays"]
+        assert vars(feed.counters)["clears"] == after["clears"] + 1
+    finally:
+        subscriber.close()
+    assert all(isinstance(d, Delivery) for d in seen)
+
+
+def test_rank_endpoints() -> None:
+    assert rank_endpoint("tcp://10.0.0.2:5557", 3) == "tcp://10.0.0.2:5560"
+    assert rank_endpoint("tcp://[::1]:5557", 1) == "tcp://[::1]:5558"
+    for bad in ("10.0.0.2:5557", "tcp://host", "tcp://:5557", "ipc:///tmp/kv", "tcp://h:65535"):
+        with pytest.raises(UsageError):
+            rank_endpoint(bad, 1)
