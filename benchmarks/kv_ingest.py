@@ -22,7 +22,8 @@ import time
 
 import msgspec
 from _chains import Step, digest, last_chains, steps
-from _kv import answers, crosscheck, dynamo, failed
+from _kv import answers, crosscheck
+from _peers import dynamo, failed
 
 from cacheon.gateway.contracts import for_version
 from cacheon.gateway.index import BlockIndex

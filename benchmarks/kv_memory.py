@@ -22,7 +22,8 @@ import sys
 import tracemalloc
 
 from _chains import prompt_chains, random_ids, rss_bytes
-from _kv import dynamo, failed, fill
+from _kv import fill
+from _peers import dynamo, failed
 
 from cacheon.gateway.index import BlockIndex
 
