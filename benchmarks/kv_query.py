@@ -19,8 +19,8 @@ import random
 import time
 
 from _chains import digest, queries, random_ids
-from _kv import answers, crosscheck
-from _peers import dynamo, failed, fill
+from _kv import answers, crosscheck, fill
+from _peers import dynamo, failed
 
 from cacheon.gateway.index import BlockIndex
 
