@@ -13,7 +13,8 @@ target, so every target sees the same machine state; the p50 of each target's po
 Goals: added p50 <= 1.5x sglang-router's, request rate >= 0.8x its (issue 13); <= 1 ms added.
 
 ``--profile DIR``: afterwards, py-spy samples the gateway for ``--profile-s`` seconds under the
-16-thread load and writes DIR/gateway.txt (collapsed stacks; summarise with benchmarks/pyspy_top.py).
+16-thread load and writes DIR/gateway.txt (collapsed stacks with native frames: the event loop, the
+HTTP parser and the socket calls are C; summarise with benchmarks/pyspy_top.py).
 """
 
 from __future__ import annotations
@@ -158,19 +159,21 @@ def profiled(url: str, body: dict, pid: int, seconds: float, out: Path) -> None:
     thread = threading.Thread(target=load)
     thread.start()
     try:
-        subprocess.run([str(spy), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "250",
-                        "--format", "raw", "--output", str(out / "gateway.txt"), "--nonblocking"],
-                       check=True, capture_output=True)
+        spied = subprocess.run([str(spy), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "250",
+                        "--format", "raw", "--output", str(out / "gateway.txt"), "--native"],
+                               capture_output=True, text=True)
     finally:
         stop.set()
         thread.join()
+    if spied.returncode != 0:
+        raise SystemExit(f"py-spy failed: {spied.stderr.strip()[-2000:]}")
     print(f"profile: {out / 'gateway.txt'} (python benchmarks/pyspy_top.py {out / 'gateway.txt'})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slices", type=int, default=12, help="latency slices per target (N=600 requests each)")
-    parser.add_argument("--rounds", type=int, default=3, help="one-second 16-thread rate rounds per target")
+    parser.add_argument("--rounds", type=int, default=5, help="one-second 16-thread rate rounds per target")
     parser.add_argument("--no-peer", action="store_true", help="leave sglang-router out")
     parser.add_argument("--profile", type=Path, metavar="DIR", help="then profile the gateway with py-spy into DIR")
     parser.add_argument("--profile-s", type=float, default=20.0)

@@ -92,14 +92,21 @@ def row(profile: Profile, target: int, page: int, phases: set[str]) -> str:
         turn[:] = [*base, message("user", "Question", r), message("assistant", "Answer", r)]
         policy.choose(workers, profile.encode_chat(turn[:-1]))
 
-    def nxt(r: int) -> Messages:
-        return [*turn, message("user", "Next", r)]
+    # Named, so that a profile can select one phase's timed calls (pyspy_top.py --under route_warm).
+    def route_cold(r: int) -> None:
+        policy.choose(workers, profile.encode_chat(base))
+
+    def route_warm(r: int) -> None:
+        policy.choose(workers, profile.encode_chat([*turn, message("user", "Next", r)]))
+
+    def tokenize_alone(r: int) -> None:
+        profile.tokenizer.encode(text, add_special_tokens=False)
 
     text = profile.render_chat(base)
     runs = {
-        "cold": lambda: timed(lambda r: policy.choose(workers, profile.encode_chat(base)), lambda r: cold(profile)),
-        "warm": lambda: timed(lambda r: policy.choose(workers, profile.encode_chat(nxt(r))), ask, WARM_RUNS),
-        "base": lambda: timed(lambda r: profile.tokenizer.encode(text, add_special_tokens=False), lambda r: None),
+        "cold": lambda: timed(route_cold, lambda r: cold(profile)),
+        "warm": lambda: timed(route_warm, ask, WARM_RUNS),
+        "base": lambda: timed(tokenize_alone, lambda r: None),
     }
     tokens = len(profile.encode_chat(base))
     cells = []

@@ -1,8 +1,9 @@
 """Summarise py-spy's collapsed stacks (``py-spy record --format raw``): where the samples go.
 
 Prints the share of samples per package (the frame's file: a site-packages distribution, the
-standard library, or cacheon's own module), the top frames by self time (the innermost frame) and by
-inclusive time (anywhere on the stack), each as a percentage of all samples in the file.
+standard library, cacheon's own module, or a native library), the top frames by self time (the
+innermost frame, by line) and the top functions by inclusive time (anywhere on the stack), each as a
+percentage of all samples in the file (or under ``--under``).
 
     python benchmarks/pyspy_top.py PROFILE.txt [--top 15] [--under FUNCTION]
 
@@ -31,11 +32,12 @@ def package(file: str) -> str:
     return file or "native"
 
 
-def label(frame: str) -> str:
+def label(frame: str, line: bool = True) -> str:
+    """``function (package:line)``; without ``line``, one entry per function (inclusive time)."""
     m = FRAME.match(frame)
     if not m:
         return frame
-    return f"{m['func']} ({package(m['file'])}{':' + m['line'] if m['line'] else ''})"
+    return f"{m['func']} ({package(m['file'])}{':' + m['line'] if line and m['line'] else ''})"
 
 
 def main() -> None:
@@ -61,7 +63,7 @@ def main() -> None:
         total += n
         own[label(frames[-1])] += n
         packages[package(FRAME.match(frames[-1])["file"]) if FRAME.match(frames[-1]) else "native"] += n
-        for name in {label(f) for f in frames}:
+        for name in {label(f, line=False) for f in frames}:
             inclusive[name] += n
     if not total:
         raise SystemExit(f"no samples in {args.profile}" + (f" under {args.under!r}" if args.under else ""))
