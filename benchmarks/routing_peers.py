@@ -35,6 +35,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -63,6 +64,8 @@ class Request:
     cached_tokens: int
     ttft_s: float
     latency_s: float
+    worker: str | None  # the upstream Cacheon names (x-cacheon-worker); the peer names none
+    route: str | None  # Cacheon's decision and its reason (x-cacheon-route)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class Result:
     load: list[int]
     requests_per_s: float
     requests: int
+    routes: dict[str, int]  # Cacheon's decision reasons; empty for the peer
 
 
 def pct(xs: Sequence[float], q: float) -> float:
@@ -84,8 +88,8 @@ def pct(xs: Sequence[float], q: float) -> float:
 
 
 def stream(client: httpx.Client, url: str, model: str, messages: list[Message], max_tokens: int
-           ) -> tuple[str, dict, float, float]:
-    """One streamed chat completion: its text, its usage, time to the first content chunk, total time."""
+           ) -> tuple[str, dict, float, float, httpx.Headers]:
+    """One streamed chat completion: its text, usage, time to the first content chunk, total time, headers."""
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
     start, first, usage, text = time.perf_counter(), None, None, []
@@ -103,7 +107,7 @@ def stream(client: httpx.Client, url: str, model: str, messages: list[Message], 
     end = time.perf_counter()
     if usage is None or first is None:
         raise SystemExit(f"a streamed response from {url} had no usage or no content")
-    return "".join(text), usage, first - start, end - start
+    return "".join(text), usage, first - start, end - start, r.headers
 
 
 def replay(url: str, model: str, trace: Trace, max_tokens: int) -> tuple[list[Request], float]:
@@ -119,10 +123,11 @@ def replay(url: str, model: str, trace: Trace, max_tokens: int) -> tuple[list[Re
             turn = wave - session.start
             messages = list(session.opening) if turn == 0 else [
                 *history[i], {"role": "user", "content": session.follow_ups[turn - 1]}]
-            reply, usage, ttft, latency = stream(client, url, model, messages, max_tokens)
+            reply, usage, ttft, latency, headers = stream(client, url, model, messages, max_tokens)
             digest = hashlib.sha256(json.dumps(messages).encode()).hexdigest()[:16]
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-            return (Request(wave, i, digest, usage["prompt_tokens"], cached, ttft, latency),
+            return (Request(wave, i, digest, usage["prompt_tokens"], cached, ttft, latency,
+                            headers.get("x-cacheon-worker"), headers.get("x-cacheon-route")),
                     [*messages, {"role": "assistant", "content": reply}])
 
         start = time.perf_counter()
@@ -155,15 +160,24 @@ def run_one(trace: Trace, router: str, args: argparse.Namespace, tmp: Path, prof
                 if fenced:
                     raise SystemExit(f"exact: workers not attested, it would not route by prefix: {fenced}")
             url = gw.url
-        before = [sim.stats()["completed"] for sim in sims]  # attestation probes are requests too
+        before = [sim.stats()["completed"] for sim in sims]
         requests, wall = replay(url, model, trace, args.max_tokens)
-        load = [sim.stats()["completed"] - b for sim, b in zip(sims, before, strict=True)]
-    if sum(load) != len(requests):
-        raise SystemExit(f"{router} on {trace.name}: workers served {sum(load)} requests for {len(requests)} sent")
+        served = [sim.stats()["completed"] - b for sim, b in zip(sims, before, strict=True)]
+    # The workers' own counters; Cacheon's gateway also sends its attestation probes (re-attestation
+    # may run during a replay), so for it the response headers say which worker served each request,
+    # and every worker must have served at least that many.
+    load = served
+    if not router.startswith("sglang:"):
+        named = Counter(r.worker for r in requests)
+        load = [named.get(u, 0) for u in urls]
+        if sum(load) != len(requests) or any(h > c for h, c in zip(load, served, strict=True)):
+            failed(f"{router} on {trace.name}: headers name {load}, the workers counted {served}")
+    elif sum(load) != len(requests):
+        failed(f"{router} on {trace.name}: workers served {sum(load)} requests for {len(requests)} sent")
     ttft = [r.ttft_s * 1e3 for r in requests]
     result = Result(trace.name, router, sum(r.cached_tokens for r in requests) / sum(r.prompt_tokens for r in requests),
                     pct(ttft, 0.5), pct(ttft, 0.99), max(load) / statistics.mean(load), load, len(requests) / wall,
-                    len(requests))
+                    len(requests), dict(Counter(r.route for r in requests if r.route)))
     return result, requests
 
 
@@ -242,7 +256,8 @@ def main() -> None:
                     results.append(result)
                     print(f"  {name} run {run + 1} {router}: hit {result.hit_rate:.3f}, "
                           f"TTFT p50 {result.ttft_p50_ms:.1f} ms, max/mean {result.load_max_mean:.2f}, "
-                          f"{result.requests_per_s:.0f} req/s (load average {os.getloadavg()[0]:.1f})", flush=True)
+                          f"{result.requests_per_s:.0f} req/s (load average {os.getloadavg()[0]:.1f})"
+                          + "".join(f"; {k} {v}" for k, v in sorted(result.routes.items())), flush=True)
                     if args.json:
                         print(json.dumps(asdict(result)))
     report(results, routers, traces)
