@@ -80,6 +80,7 @@ class Result:
     requests_per_s: float
     requests: int
     routes: dict[str, int]  # Cacheon's decision reasons; empty for the peer
+    probes: int  # requests the workers served beyond the trace's: Cacheon's (re-)attestation challenges
 
 
 def pct(xs: Sequence[float], q: float) -> float:
@@ -177,7 +178,7 @@ def run_one(trace: Trace, router: str, args: argparse.Namespace, tmp: Path, prof
     ttft = [r.ttft_s * 1e3 for r in requests]
     result = Result(trace.name, router, sum(r.cached_tokens for r in requests) / sum(r.prompt_tokens for r in requests),
                     pct(ttft, 0.5), pct(ttft, 0.99), max(load) / statistics.mean(load), load, len(requests) / wall,
-                    len(requests), dict(Counter(r.route for r in requests if r.route)))
+                    len(requests), dict(Counter(r.route for r in requests if r.route)), sum(served) - len(requests))
     return result, requests
 
 
@@ -257,7 +258,9 @@ def main() -> None:
                     print(f"  {name} run {run + 1} {router}: hit {result.hit_rate:.3f}, "
                           f"TTFT p50 {result.ttft_p50_ms:.1f} ms, max/mean {result.load_max_mean:.2f}, "
                           f"{result.requests_per_s:.0f} req/s (load average {os.getloadavg()[0]:.1f})"
-                          + "".join(f"; {k} {v}" for k, v in sorted(result.routes.items())), flush=True)
+                          + "".join(f"; {k} {v}" for k, v in sorted(result.routes.items()))
+                          + (f"; {result.probes} attestation probe(s) during the replay: a worker was re-attested, "
+                             "fenced meanwhile" if result.probes else ""), flush=True)
                     if args.json:
                         print(json.dumps(asdict(result)))
     report(results, routers, traces)
