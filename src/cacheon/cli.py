@@ -2,14 +2,18 @@
 
 A command module exposes ``register(subparsers)``, which adds its parser and sets
 ``handler=<function(args) -> int>``. User mistakes raise :class:`CacheonError` and become a
-one-line message and exit 1, never a traceback.
+one-line message and exit 1, never a traceback; so do environment problems (``OSError``) and,
+with a request to report it, bugs. ``--debug`` shows the traceback. Output piped into a reader
+that stops early (``| head``) ends quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 
 from cacheon import __version__
 from cacheon.errors import CacheonError
@@ -57,6 +61,7 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
         "or infrastructure error.",
     )
     parser.add_argument("--version", action="version", version=f"cacheon {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (module, summary) in COMMANDS.items():
         if name == selected:
@@ -75,13 +80,39 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 1
     try:
-        return int(handler(args))
-    except CacheonError as exc:
-        print(f"cacheon {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        code = int(handler(args))
+        sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        return _reader_went_away()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if args.debug:
+            traceback.print_exc()
+        return _one_line(args.command, exc, args.debug)
+
+
+def _one_line(command: str, exc: Exception, debug: bool) -> int:
+    """A user mistake or an environment problem in one line; anything else is a bug to report."""
+    if isinstance(exc, CacheonError):
+        print(f"cacheon {command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if isinstance(exc, OSError):
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"cacheon {command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 1
+    hint = "" if debug else "; rerun with --debug for the traceback"
+    print(f"cacheon {command}: internal error: {type(exc).__name__}: {exc}{hint} (please report it)", file=sys.stderr)
+    return 1
+
+
+def _reader_went_away() -> int:
+    """stdout's reader closed early (``cacheon ... | head``): stop quietly, as Unix tools do."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not raise again
+    return 0
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def _full_evidence(ledger: Ledger, identity: Identity, version: str) -> None:
 
 
 def _statuses(ledger: Ledger, identity: Identity) -> dict[str, str]:
-    return {r.gate.key: r.verdict.status for r in evaluate(ledger, identity).results}
+    return {r.gate.key: r.verdict.status for r in evaluate(ledger.verified(), identity).results}
 
 
 def test_all_gates_met_only_for_the_identity_that_earned_them(ledger_path: Path) -> None:
@@ -47,7 +47,7 @@ def test_all_gates_met_only_for_the_identity_that_earned_them(ledger_path: Path)
         _full_evidence(ledger, old, NEW)  # evidence under the old pin, even labelled with the new version
         assert set(_statuses(ledger, new).values()) == {"missing"}
         _full_evidence(ledger, new, NEW)
-        status = evaluate(ledger, new)
+        status = evaluate(ledger.verified(), new)
     assert status.all_met
     assert [r.gate.number for r in status.results] == list(range(1, 9))
     assert status.other_pins == {OLD: 9}
@@ -64,7 +64,7 @@ def test_gpu_gates_stay_missing_without_a_gpu(ledger_path: Path) -> None:
     cpu = make_identity(NEW, gpus=0)
     with Ledger.open(ledger_path) as ledger:
         _full_evidence(ledger, cpu, NEW)
-        result = {r.gate.key: r.verdict for r in evaluate(ledger, cpu).results}
+        result = {r.gate.key: r.verdict for r in evaluate(ledger.verified(), cpu).results}
     assert result["gpu-qualification"].status == "missing"
     assert result["arena-recalibration"].status == "missing"
     assert "no GPU" in result["gpu-qualification"].reason
@@ -89,7 +89,7 @@ def test_negative_controls(ledger_path: Path, records: list, status: str, reason
         add(ledger, identity, C.COMPONENT, "bundle:sha256:uncontrolled", FAIL)  # not a control: ignored
         for index, (control, outcome) in enumerate(records):
             add(ledger, identity, C.COMPONENT, f"bundle:sha256:{index}", outcome, control=control)
-        verdict = {r.gate.key: r.verdict for r in evaluate(ledger, identity).results}["negative-controls"]
+        verdict = {r.gate.key: r.verdict for r in evaluate(ledger.verified(), identity).results}["negative-controls"]
     assert (verdict.status, verdict.reason.split(":")[0]) == (status, reason)
 
 
@@ -130,6 +130,7 @@ def test_steps_bind_only_on_the_candidate_host(ledger_path: Path) -> None:
         with pytest.raises(UsageError, match="unknown pin step"):
             record_step(ledger, gpu_new, "skip-the-tests", NEW)
         record_step(ledger, gpu_new, "arena-recalibration", NEW, note="arena run 42")
-        migration = ledger.record(record_step(ledger, gpu_new, "migration", NEW))
+        migration_id = record_step(ledger, gpu_new, "migration", NEW)
+        migration = ledger.verified().record(migration_id)
     assert migration.details["prior_pins"] == {OLD: 1}
     assert migration.subject == pin_step_subject("migration", NEW)

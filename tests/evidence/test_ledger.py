@@ -23,7 +23,7 @@ def test_round_trip_binds_identity_and_details(ledger_path: Path) -> None:
     with Ledger.open(ledger_path) as ledger:
         rid = add(ledger, identity, COMPONENT, "bundle:sha256:aa", FAIL, max_abs_error=0.5, verdict="FAIL")
     with Ledger.open(ledger_path, create=False) as ledger:
-        record = ledger.record(rid)
+        record = ledger.verified().record(rid)
         assert (record.evidence_class, record.subject, record.outcome) == (
             "component",
             "bundle:sha256:aa",
@@ -31,7 +31,7 @@ def test_round_trip_binds_identity_and_details(ledger_path: Path) -> None:
         )
         assert record.details == {"max_abs_error": 0.5, "verdict": "FAIL"}
         assert record.identity_digest == identity.digest
-        assert ledger.identity(identity.digest) == identity
+        assert ledger.verified().identity(identity.digest) == identity
         assert record.recorded_at.endswith("Z")
     raw = sqlite3.connect(ledger_path)
     assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -61,10 +61,10 @@ def test_correction_supersedes_and_keeps_the_claim(ledger_path: Path) -> None:
     with Ledger.open(ledger_path) as ledger:
         old = add(ledger, identity, COMPONENT, "bundle:x", PASS)
         new = ledger.correct(old, FAIL, "reference was wrong")
-        assert ledger.record(old).superseded_by == new
-        assert ledger.record(new).supersedes == old
-        assert ledger.record(new).outcome == "fail"
-        current = standing(ledger, identity.digest).current
+        assert ledger.verified().record(old).superseded_by == new
+        assert ledger.verified().record(new).supersedes == old
+        assert ledger.verified().record(new).outcome == "fail"
+        current = standing(ledger.verified(), identity.digest).current
         assert current[("component", "bundle:x")].id == new
         with pytest.raises(LedgerError, match="already superseded"):
             ledger.correct(old, PASS, "again")
@@ -74,7 +74,7 @@ def test_correction_supersedes_and_keeps_the_claim(ledger_path: Path) -> None:
         elsewhere = Entry(COMPONENT, "bundle:x", make_identity("b"), PASS, supersedes=new)
         with pytest.raises(LedgerError, match="must keep class, subject and identity"):
             ledger.append(elsewhere)
-        assert len(ledger.records()) == 2
+        assert len(ledger.verified().records()) == 2
 
 
 def test_answers_are_for_the_exact_identity_only(ledger_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_answers_are_for_the_exact_identity_only(ledger_path: Path) -> None:
         add(ledger, mine, COMPONENT, "bundle:y", NOT_RUN)
         add(ledger, mine, COMPONENT, "bundle:z", PASS)
         add(ledger, mine, COMPONENT, "bundle:z", FAIL)  # the latest record of a claim stands
-        state = standing(ledger, mine.digest)
+        state = standing(ledger.verified(), mine.digest)
     assert state.counts() == {"pass": 0, "fail": 1, "blocked": 0, "not_run": 1}
     assert [r.subject for r in state.other_identity] == ["bundle:x"]
     assert ("component", "bundle:x") not in state.current
@@ -97,7 +97,7 @@ def test_batch_is_atomic_on_error(ledger_path: Path) -> None:
         with pytest.raises(RuntimeError), ledger.batch() as append:
             append(Entry(COMPONENT, "bundle:1", identity, PASS))
             raise RuntimeError("writer failed mid-batch")
-        assert ledger.records() == []
+        assert ledger.verified().records() == []
 
 
 def test_a_digest_that_does_not_match_its_facts_is_refused(ledger_path: Path) -> None:
@@ -149,7 +149,7 @@ def test_corrupted_pages_give_a_clear_error(ledger_path: Path) -> None:
     data[page:] = b"\xa5" * (len(data) - page)  # keep the header page, garble every other page
     ledger_path.write_bytes(bytes(data))
     with pytest.raises(LedgerError, match="is corrupted"), Ledger.open(ledger_path) as ledger:
-        ledger.records()
+        ledger.verified().records()
 
 
 def test_named_ledger_must_exist_to_be_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,13 +26,13 @@ def test_only_complete_engine_passes_under_a_covered_identity_validate(ledger_pa
         )
         add(ledger, v2_host, EvidenceClass.STATIC_CANARY, contract_subject("kv-events.v2"), Outcome.PASS)
         add(ledger, v2_host, EvidenceClass.COMPLETE_ENGINE, contract_subject("kv-events.v1"), Outcome.PASS)
-        assert validated_contracts(ledger, COVERAGE) == set()  # v1 passed, but on a version it does not cover
+        assert validated_contracts(ledger.verified(), COVERAGE) == set()  # v1 passed, but on a version it does not cover
         add(ledger, v1_host, EvidenceClass.COMPLETE_ENGINE, contract_subject("kv-events.v1"), Outcome.NOT_RUN)
-        assert validated_contracts(ledger, COVERAGE) == set()
+        assert validated_contracts(ledger.verified(), COVERAGE) == set()
         add(ledger, v1_host, EvidenceClass.COMPLETE_ENGINE, contract_subject("kv-events.v1"), Outcome.PASS)
-        assert promotion(ledger, COVERAGE) == {"kv-events.v1": "validated", "kv-events.v2": "candidate"}
+        assert promotion(ledger.verified(), COVERAGE) == {"kv-events.v1": "validated", "kv-events.v2": "candidate"}
         add(ledger, v1_host, EvidenceClass.COMPLETE_ENGINE, contract_subject("kv-events.v1"), Outcome.FAIL)
-        assert validated_contracts(ledger, COVERAGE) == set()  # a later failure withdraws it
+        assert validated_contracts(ledger.verified(), COVERAGE) == set()  # a later failure withdraws it
 
 
 def test_kv_contracts_reads_promotion_from_the_ledger(ledger_path: Path) -> None:

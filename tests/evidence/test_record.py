@@ -33,7 +33,7 @@ def test_outcome_follows_the_exit_convention(
         details={"max_error": float("nan"), "path": Path("/x"), "ok": [1, 2.5]},
     )
     with Ledger.open(path) as ledger:
-        record = ledger.record(rid)
+        record = ledger.verified().record(rid)
     assert record.outcome == outcome
     assert record.identity_digest == here.digest
     assert record.details == {"max_error": "nan", "path": "/x", "ok": [1, 2.5], "exit_code": exit_code}
@@ -48,7 +48,7 @@ def test_control_is_recorded_and_default_ledger_used(ledger_path: Path) -> None:
         details={},
     )
     with Ledger.open(ledger_path) as ledger:
-        [record] = ledger.records()
+        [record] = ledger.verified().records()
     assert record.details["control"] == "broken"
 
 

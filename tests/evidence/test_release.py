@@ -1,8 +1,11 @@
-"""Engine releases: build -> sign -> verify with real Ed25519, and tampering with every field and file."""
+"""Engine releases: build -> sign -> verify as DSSE-enveloped in-toto statements with real Ed25519,
+and tampering with every field and file."""
 
 from __future__ import annotations
 
+import base64
 import copy
+import functools
 import json
 import shutil
 import stat
@@ -13,7 +16,7 @@ from typing import Any
 import pytest
 
 from cacheon.canonical import canonical_json
-from cacheon.evidence import release
+from cacheon.evidence import keys, release, sbom
 from cacheon.evidence.ledger import Ledger
 from cacheon.runtime.identity import identity_from_facts
 
@@ -24,24 +27,31 @@ REVISION = "0123456789abcdef0123456789abcdef01234567"
 MODEL_REVISION = "fedcba9876543210fedcba9876543210fedcba98"
 
 
-def _spec(tmp: Path, **override: str) -> Path:
-    """A release.toml with two artifacts and an identity captured 'inside the image'."""
+@functools.cache
+def _environment_sbom() -> bytes:
+    return sbom.environment_sbom()
+
+
+def _spec(tmp: Path, **override: str | None) -> Path:
+    """A release.toml with two artifacts, an identity and an SBOM captured 'inside the image'."""
     facts = copy.deepcopy(make_identity("0.5.13.post1", gpus=2).facts)
     facts.update(image_digest=IMAGE_DIGEST, sglang_revision=REVISION, standins=[])
-    facts.update(json.loads(override.pop("facts", "{}")))
+    facts.update(json.loads(override.pop("facts", None) or "{}"))
     (tmp / "identity.json").write_text(json.dumps(identity_from_facts(facts).to_json()))
     (tmp / "bundles").mkdir(exist_ok=True)
     (tmp / "bundles" / "rmsnorm.tar.gz").write_bytes(bytes(range(256)) * 64)
     (tmp / "notes.txt").write_text("qualified on 2x H200\n")
+    (tmp / "sbom.cdx.json").write_bytes(_environment_sbom())
     fields = {
         "name": '"demo-engine"',
         "sglang_version": '"0.5.13.post1"',
         "upstream_revision": f'"{REVISION}"',
         "base_image": f'"registry.example/sglang@{IMAGE_DIGEST}"',
         "runtime_identity": '"identity.json"',
+        "sbom": '"sbom.cdx.json"',
         **override,
     }
-    top = "".join(f"{k} = {v}\n" for k, v in fields.items() if not k.startswith("serve_"))
+    top = "".join(f"{k} = {v}\n" for k, v in fields.items() if not k.startswith("serve_") and v is not None)
     serve = {
         "tensor_parallel_size": "2",
         "engine_args": '["--mem-fraction-static", "0.85"]',
@@ -64,9 +74,15 @@ def _spec(tmp: Path, **override: str) -> Path:
 
 @pytest.fixture
 def keypair(tmp_path: Path, run_cli: Callable[..., tuple]) -> tuple[Path, str]:
-    code, _, err = run_cli("release", "keygen", tmp_path / "keys" / "signer")
+    return _keygen(tmp_path, run_cli, "signer")
+
+
+def _keygen(tmp_path: Path, run_cli: Callable[..., tuple], name: str) -> tuple[Path, str]:
+    code, out, err = run_cli("release", "keygen", tmp_path / "keys" / name, "--json")
     assert code == 0, err
-    return tmp_path / "keys" / "signer.key", (tmp_path / "keys" / "signer.pub").read_text().strip()
+    made = json.loads(out)
+    assert made["key_id"] == (tmp_path / "keys" / f"{name}.pub").read_text().strip()
+    return Path(made["private_key"]), made["key_id"]
 
 
 @pytest.fixture
@@ -85,6 +101,25 @@ def _tampered_copy(signed: Path, tmp_path: Path, name: str) -> Path:
     return target
 
 
+def _envelope(release_dir: Path) -> dict[str, Any]:
+    return json.loads((release_dir / release.ENVELOPE).read_bytes())
+
+
+def _statement(release_dir: Path) -> dict[str, Any]:
+    return json.loads(base64.b64decode(_envelope(release_dir)["payload"]))
+
+
+def _edit_envelope(release_dir: Path, edit: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    (release_dir / release.ENVELOPE).write_bytes(canonical_json(edit(_envelope(release_dir))))
+
+
+def _edit_statement(release_dir: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    statement = _statement(release_dir)
+    edit(statement)
+    payload = base64.b64encode(canonical_json(statement)).decode()
+    _edit_envelope(release_dir, lambda e: {**e, "payload": payload})
+
+
 def test_keygen_modes_and_no_overwrite(tmp_path: Path, run_cli: Callable[..., tuple], keypair: tuple) -> None:
     private, public = keypair
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
@@ -94,21 +129,76 @@ def test_keygen_modes_and_no_overwrite(tmp_path: Path, run_cli: Callable[..., tu
     assert code == 1 and "refusing to overwrite" in err
 
 
-def test_build_sign_verify(signed: Path, keypair: tuple[Path, str], run_cli: Callable[..., tuple]) -> None:
+def test_build_sign_verify(
+    signed: Path, tmp_path: Path, keypair: tuple[Path, str], run_cli: Callable[..., tuple]
+) -> None:
     assert sorted(p.relative_to(signed).as_posix() for p in signed.rglob("*")) == [
         "artifacts",
         "artifacts/notes.txt",
         "artifacts/rmsnorm.tar.gz",
-        "descriptor.json",
-        "signature.json",
+        "artifacts/sbom.cdx.json",
+        "release.dsse.json",
     ]
-    descriptor = json.loads((signed / "descriptor.json").read_bytes())
-    assert (signed / "descriptor.json").read_bytes() == canonical_json(descriptor)
-    assert [a["name"] for a in descriptor["artifacts"]] == ["notes.txt", "rmsnorm.tar.gz"]
+    raw = (signed / release.ENVELOPE).read_bytes()
+    envelope = json.loads(raw)
+    assert raw == canonical_json(envelope) and envelope["payloadType"] == "application/vnd.in-toto+json"
+    statement = _statement(signed)
+    assert statement["_type"] == "https://in-toto.io/Statement/v1"
+    assert statement["predicateType"] == release.PREDICATE_TYPE
+    descriptor = statement["predicate"]
+    assert descriptor["schema"] == "cacheon.engine-release.v2" and descriptor["sbom"] == "sbom.cdx.json"
+    assert [a["name"] for a in descriptor["artifacts"]] == ["notes.txt", "rmsnorm.tar.gz", "sbom.cdx.json"]
     assert descriptor["artifacts"][1]["size"] == 256 * 64
+    import hashlib
+
+    assert statement["subject"] == [
+        {"name": f"artifacts/{n}", "digest": {"sha256": hashlib.sha256((signed / "artifacts" / n).read_bytes()).hexdigest()}}
+        for n in ("notes.txt", "rmsnorm.tar.gz", "sbom.cdx.json")
+    ]
+    [signature] = envelope["signatures"]
+    assert signature["keyid"] == keypair[1]
     code, out, err = run_cli("release", "verify", signed, "--public-key", keypair[1])
     assert code == 0, out + err
-    assert out.startswith("OK release sha256:")
+    assert out.startswith("OK release sha256:") and "1 trusted signer (threshold 1)" in out
+    code, out, _ = run_cli("release", "verify", signed, "--key", keypair[0].with_suffix(".pub"), "--json")
+    report = json.loads(out)
+    assert code == 0 and report["trusted_signers"] == [keypair[1]] and report["format"] == "attestation"
+
+
+def test_the_signature_covers_the_pre_authentication_encoding(signed: Path, keypair: tuple[Path, str]) -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from cacheon.evidence import dsse
+
+    # The DSSE spec's own example: PAE("http://example.com/HelloWorld", "hello world").
+    assert dsse.pae("http://example.com/HelloWorld", b"hello world") == (
+        b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    )
+    envelope = _envelope(signed)
+    body = base64.b64decode(envelope["payload"])
+    sig = base64.b64decode(envelope["signatures"][0]["sig"])
+    public = Ed25519PublicKey.from_public_bytes(bytes.fromhex(keypair[1]))
+    public.verify(sig, dsse.pae(release.PAYLOAD_TYPE, body))  # raises if the signature is over anything else
+
+
+def test_a_signature_cannot_be_replayed_under_another_payload_type(
+    signed: Path, tmp_path: Path, keypair: tuple[Path, str]
+) -> None:
+    """The same key signs ledger checkpoints; a signature made for that type never verifies as a release."""
+    from cacheon.evidence import checkpoint, dsse
+
+    target = _tampered_copy(signed, tmp_path, "replayed")
+    body = base64.b64decode(_envelope(signed)["payload"])
+    other = dsse.add_signature(dsse.seal(checkpoint.PAYLOAD_TYPE, body), keys.load_private_key(keypair[0]))
+    _edit_envelope(target, lambda e: {**e, "signatures": [msgspec_builtins(s) for s in other.signatures]})
+    problems = release.verify(target, [keys.parse_public_key(keypair[1])]).problems
+    assert any("trusted, but the signature does not verify" in p for p in problems), problems
+
+
+def msgspec_builtins(value: Any) -> Any:
+    import msgspec
+
+    return msgspec.to_builtins(value)
 
 
 def _leaves(value: Any, path: tuple = ()) -> Iterator[tuple]:
@@ -135,35 +225,40 @@ def _changed(value: Any) -> Any:
 def test_every_descriptor_field_is_covered_by_the_signature(
     signed: Path, tmp_path: Path, keypair: tuple
 ) -> None:
-    descriptor = json.loads((signed / "descriptor.json").read_bytes())
+    descriptor = _statement(signed)["predicate"]
     paths = list(_leaves(descriptor))
     assert len(paths) > 25  # every release field, identity fact and artifact attribute
+    trusted = [keys.parse_public_key(keypair[1])]
     for index, path in enumerate(paths):
         target = _tampered_copy(signed, tmp_path, str(index))
-        edited = copy.deepcopy(descriptor)
-        node = edited
-        for key in path[:-1]:
-            node = node[key]
-        node[path[-1]] = _changed(node[path[-1]])
-        (target / "descriptor.json").write_bytes(canonical_json(edited))
-        result = release.verify(target, keypair[1])
+
+        def edit(statement: dict[str, Any], path: tuple = path) -> None:
+            node = statement["predicate"]
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = _changed(node[path[-1]])
+
+        _edit_statement(target, edit)
+        result = release.verify(target, trusted)
         assert not result.ok, path
-        assert any("descriptor changed after signing" in p for p in result.problems), (path, result.problems)
+        assert any("the signature does not verify" in p for p in result.problems), (path, result.problems)
 
 
 def test_added_field_is_refused(signed: Path, tmp_path: Path, keypair: tuple) -> None:
     target = _tampered_copy(signed, tmp_path, "extra-field")
-    descriptor = json.loads((target / "descriptor.json").read_bytes())
-    descriptor["serve"]["extra_env"] = {"LD_PRELOAD": "/evil.so"}
-    (target / "descriptor.json").write_bytes(canonical_json(descriptor))
-    problems = release.verify(target, keypair[1]).problems
-    assert "descriptor.json: serve has unknown field 'extra_env'" in problems
+    _edit_statement(target, lambda s: s["predicate"]["serve"].update(extra_env={"LD_PRELOAD": "/evil.so"}))
+    problems = release.verify(target, [keys.parse_public_key(keypair[1])]).problems
+    assert "predicate: serve has unknown field 'extra_env'" in problems
 
 
 def _flip_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
+
+
+def _swap_subject(statement: dict[str, Any]) -> None:
+    statement["subject"][0]["digest"]["sha256"] = "0" * 64
 
 
 TAMPERS: dict[str, tuple[Callable[[Path], None], str]] = {
@@ -188,33 +283,38 @@ TAMPERS: dict[str, tuple[Callable[[Path], None], str]] = {
         ),
         "artifacts/notes.txt is a symlink",
     ),
-    "descriptor whitespace": (
-        lambda d: (d / "descriptor.json").write_bytes((d / "descriptor.json").read_bytes() + b"\n"),
-        "descriptor.json bytes are not its canonical form",
+    "sbom replaced": (
+        lambda d: (d / "artifacts" / "sbom.cdx.json").write_bytes(b'{"bomFormat":"CycloneDX","specVersion":"1.6"}'),
+        "artifact sbom.cdx.json:",
     ),
-    "descriptor missing": (lambda d: (d / "descriptor.json").unlink(), "missing descriptor.json"),
-    "signature missing": (
-        lambda d: (d / "signature.json").unlink(),
-        "missing signature.json (the release is not signed)",
+    "envelope whitespace": (
+        lambda d: (d / release.ENVELOPE).write_bytes((d / release.ENVELOPE).read_bytes() + b"\n"),
+        "release.dsse.json is not in canonical form",
+    ),
+    "envelope missing": (lambda d: (d / release.ENVELOPE).unlink(), "missing release.dsse.json"),
+    "signatures removed": (
+        lambda d: _edit_envelope(d, lambda e: {**e, "signatures": []}),
+        "the release is not signed",
     ),
     "signature bytes": (
-        lambda d: _edit_signature(d, lambda s: {**s, "signature": _changed(s["signature"])}),
-        "signature does not verify under the supplied key",
+        lambda d: _edit_envelope(
+            d, lambda e: {**e, "signatures": [{**e["signatures"][0], "sig": base64.b64encode(b"\x00" * 64).decode()}]}
+        ),
+        "trusted, but the signature does not verify",
     ),
-    "signed digest edited": (
-        lambda d: _edit_signature(d, lambda s: {**s, "descriptor_digest": _changed(s["descriptor_digest"])}),
-        "descriptor changed after signing",
+    "payload type": (
+        lambda d: _edit_envelope(d, lambda e: {**e, "payloadType": "application/json"}),
+        "payload type 'application/json', expected 'application/vnd.in-toto+json'",
     ),
-    "signature whitespace": (
-        lambda d: (d / "signature.json").write_bytes(b" " + (d / "signature.json").read_bytes()),
-        "signature.json bytes are not its canonical form",
+    "subject digest": (
+        lambda d: _edit_statement(d, _swap_subject),
+        "the statement's subjects are not the descriptor's artifacts",
+    ),
+    "statement type": (
+        lambda d: _edit_statement(d, lambda s: s.update(_type="https://in-toto.io/Statement/v0.1")),
+        "statement _type 'https://in-toto.io/Statement/v0.1'",
     ),
 }
-
-
-def _edit_signature(release_dir: Path, edit: Callable[[dict], dict]) -> None:
-    signature = json.loads((release_dir / "signature.json").read_bytes())
-    (release_dir / "signature.json").write_bytes(canonical_json(edit(signature)))
 
 
 @pytest.mark.parametrize("name", list(TAMPERS))
@@ -233,10 +333,9 @@ def test_tampering_fails_with_the_precise_reason(
 def test_wrong_key_and_swapped_signature(
     tmp_path: Path, signed: Path, keypair: tuple, run_cli: Callable[..., tuple]
 ) -> None:
-    run_cli("release", "keygen", tmp_path / "keys" / "other")
-    other_public = (tmp_path / "keys" / "other.pub").read_text().strip()
-    code, out, _ = run_cli("release", "verify", signed, "--public-key", other_public)
-    assert code == 2 and f"wrong key: signed by {keypair[1]}, supplied {other_public}" in out
+    _, other_public = _keygen(tmp_path, run_cli, "other")
+    code, out, _ = run_cli("release", "verify", signed, "--key", other_public)
+    assert code == 2 and f"key {keypair[1][:16]}… valid, not a trusted key" in out, out
 
     second = tmp_path / "second"  # another genuine release by the same signer
     spec_dir = tmp_path / "spec2"
@@ -244,9 +343,44 @@ def test_wrong_key_and_swapped_signature(
     run_cli("release", "build", "--spec", _spec(spec_dir, name='"other-engine"'), "--out", second)
     run_cli("release", "sign", second, "--key", keypair[0])
     target = _tampered_copy(signed, tmp_path, "swapped")
-    shutil.copy(second / "signature.json", target / "signature.json")
-    code, out, _ = run_cli("release", "verify", target, "--public-key", keypair[1])
-    assert code == 2 and "or another release's signature" in out
+    _edit_envelope(target, lambda e: {**e, "signatures": _envelope(second)["signatures"]})
+    code, out, _ = run_cli("release", "verify", target, "--key", keypair[1])
+    assert code == 2 and "or the signature was altered or copied from another release" in out
+
+
+def test_threshold_counts_distinct_trusted_keys(
+    signed: Path, tmp_path: Path, keypair: tuple[Path, str], run_cli: Callable[..., tuple]
+) -> None:
+    second_key, second = _keygen(tmp_path, run_cli, "second")
+    stranger_key, stranger = _keygen(tmp_path, run_cli, "stranger")
+    code, out, err = run_cli("release", "verify", signed, "--key", keypair[1], "--key", second, "--threshold", "2")
+    assert code == 2 and "threshold not met: 1 of 2 required trusted keys signed" in out, out + err
+
+    run_cli("release", "sign", signed, "--key", stranger_key)  # an unknown signer is ignored, not counted
+    code, out, _ = run_cli("release", "verify", signed, "--key", keypair[1], "--key", second, "--threshold", "2")
+    assert code == 2 and "1 of 2" in out and "valid, not a trusted key" in out
+
+    copied = _tampered_copy(signed, tmp_path, "same-key-twice")  # one key's signature twice counts once
+    _edit_envelope(copied, lambda e: {**e, "signatures": [e["signatures"][0], e["signatures"][0]]})
+    code, out, _ = run_cli("release", "verify", copied, "--key", keypair[1], "--key", second, "--threshold", "2")
+    assert code == 2 and "1 of 2" in out
+
+    code, out, err = run_cli("release", "sign", signed, "--key", second_key, "--json")
+    assert code == 0, err
+    assert json.loads(out)["signed_by"] == [second]
+    code, out, _ = run_cli(
+        "release", "verify", signed, "--key", keypair[1], "--key", second, "--key", stranger, "--threshold", "2"
+    )
+    assert code == 0 and "3 trusted signers (threshold 2)" in out, out
+    code, out, _ = run_cli("release", "verify", signed, "--key", keypair[1], "--key", second, "--threshold", "2", "--json")
+    assert json.loads(out)["trusted_signers"] == sorted([keypair[1], second])
+
+    for argv, message in [
+        (("--key", keypair[1], "--key", keypair[1], "--threshold", "2"), "needs at least 2 distinct trusted keys; 1 given"),
+        (("--key", keypair[1], "--threshold", "0"), "--threshold must be at least 1"),
+    ]:
+        code, _, err = run_cli("release", "verify", signed, *argv)
+        assert code == 1 and message in err, err
 
 
 def test_verify_record_is_a_signature_check_not_a_serving_check(
@@ -256,12 +390,13 @@ def test_verify_record_is_a_signature_check_not_a_serving_check(
     assert code == 0, err
     digest = json.loads(out)["digest"]
     with Ledger.open(ledger_path) as ledger:
-        [record] = ledger.records()
+        [record] = ledger.verified().records()
     assert (record.evidence_class, record.subject, record.outcome) == (
         "release_signature",
         f"release:{digest}",
         "pass",
     )
+    assert record.details["trusted_signers"] == [keypair[1]] and record.details["format"] == "attestation"
 
 
 @pytest.mark.parametrize(
@@ -288,6 +423,12 @@ def test_verify_record_is_a_signature_check_not_a_serving_check(
             "stand-ins",
         ),
         ({"unexpected": '"x"'}, "unknown field 'unexpected'"),
+        ({"sbom": None}, "missing 'sbom' (capture one inside the image: `cacheon release sbom"),
+        ({"sbom": '"notes.txt"'}, "SBOM sbom.cdx.json is not JSON"),
+        (
+            {"facts": json.dumps({"packages": {"sglang": "0.5.13.post1", "torch": "2.1.0"}})},
+            "the SBOM lists torch",
+        ),
     ],
 )
 def test_build_refuses_what_a_release_must_not_pin(
@@ -297,7 +438,7 @@ def test_build_refuses_what_a_release_must_not_pin(
         "release", "build", "--spec", _spec(tmp_path, **override), "--out", tmp_path / "rel"
     )
     assert code == 1, out
-    assert message in err and "Traceback" not in err
+    assert message in err and "Traceback" not in err, err
     assert not (tmp_path / "rel").exists()
     assert not list(tmp_path.glob(".cacheon-release-*"))
 
@@ -306,11 +447,10 @@ def test_no_in_place_edit(
     signed: Path, tmp_path: Path, keypair: tuple, run_cli: Callable[..., tuple]
 ) -> None:
     code, _, err = run_cli("release", "sign", signed, "--key", keypair[0])
-    assert code == 1 and "already signed" in err
+    assert code == 1 and "already signed by key" in err
     code, _, err = run_cli("release", "build", "--spec", tmp_path / "release.toml", "--out", signed)
     assert code == 1 and "never edited in place" in err
     unsigned = _tampered_copy(signed, tmp_path, "unsigned")
-    (unsigned / "signature.json").unlink()
     _flip_byte(unsigned / "artifacts" / "notes.txt")
     code, _, err = run_cli("release", "sign", unsigned, "--key", keypair[0])
     assert code == 1 and "refusing to sign" in err
@@ -320,8 +460,148 @@ def test_bad_keys_are_usage_errors(signed: Path, keypair: tuple, run_cli: Callab
     code, _, err = run_cli("release", "verify", signed, "--public-key", "not-hex")
     assert code == 1 and "64 hex characters" in err
     keypair[0].chmod(0o644)
-    unsigned = signed.with_name("unsigned")
-    shutil.copytree(signed, unsigned)
-    (unsigned / "signature.json").unlink()
-    code, _, err = run_cli("release", "sign", unsigned, "--key", keypair[0])
+    code, _, err = run_cli("release", "sign", signed, "--key", keypair[0])
     assert code == 1 and "accessible by others" in err
+
+
+def _sparse(path: Path, size: int) -> None:
+    with path.open("wb") as fh:
+        fh.truncate(size)
+
+
+HOSTILE: dict[str, tuple[Callable[[Path], None], str]] = {
+    "deep nesting": (
+        lambda d: (d / release.ENVELOPE).write_bytes(b"[" * 100_000 + b"]" * 100_000),
+        "release.dsse.json is nested too deeply",
+    ),
+    "huge file": (lambda d: _sparse(d / release.ENVELOPE, 5 << 30), "over the 4194304-byte limit"),
+    "non-UTF-8": (
+        lambda d: (d / release.ENVELOPE).write_bytes(b'{"payload":"\xff\xfe","payloadType":"x","signatures":[]}'),
+        "release.dsse.json is not JSON: Invalid UTF-8",
+    ),
+    "wrong type": (
+        lambda d: _edit_envelope(d, lambda e: {**e, "signatures": {"keyid": 1}}),
+        "release.dsse.json: Expected `array`, got `object` - at `$.signatures`",
+    ),
+    "duplicate key": (
+        lambda d: (d / release.ENVELOPE).write_bytes(
+            (d / release.ENVELOPE).read_bytes().replace(b'{"payload":', b'{"payload":"e30=","payload":', 1)
+        ),
+        "duplicate key",
+    ),
+    "not base64": (lambda d: _edit_envelope(d, lambda e: {**e, "payload": "%%%"}), "not standard base64"),
+    "payload not canonical": (
+        lambda d: _edit_envelope(d, lambda e: {**e, "payload": base64.b64encode(b'{"_type": 1}').decode()}),
+        "statement is not in canonical form",
+    ),
+    "payload wrong type": (
+        lambda d: _edit_envelope(
+            d, lambda e: {**e, "payload": base64.b64encode(canonical_json({"_type": 1})).decode()}
+        ),
+        "statement: Expected `str`, got `int` - at `$._type`",
+    ),
+    "float in payload": (
+        lambda d: _edit_envelope(d, lambda e: {**e, "payload": base64.b64encode(b'{"x":1.5}').decode()}),
+        "statement is not canonical JSON: floats are not canonical",
+    ),
+    "a directory instead": (
+        lambda d: ((d / release.ENVELOPE).unlink(), (d / release.ENVELOPE).mkdir()),
+        "release.dsse.json is not a regular file",
+    ),
+    "too many signatures": (
+        lambda d: _edit_envelope(d, lambda e: {**e, "signatures": e["signatures"] * 65}),
+        "65 signatures, over the limit of 64",
+    ),
+    "huge sbom": (
+        lambda d: _sparse(d / "artifacts" / "sbom.cdx.json", 1 << 40),
+        "artifact sbom.cdx.json: 1099511627776 bytes",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_inputs_are_one_line_failures(
+    name: str, signed: Path, tmp_path: Path, keypair: tuple, run_cli: Callable[..., tuple]
+) -> None:
+    hostile, reason = HOSTILE[name]
+    target = _tampered_copy(signed, tmp_path, name.replace(" ", "-"))
+    hostile(target)
+    code, out, err = run_cli("release", "verify", target, "--key", keypair[1])
+    assert code == 2 and "Traceback" not in out + err, out + err
+    lines = [line for line in out.splitlines() if reason in line]
+    assert len(lines) == 1 and len(lines[0]) < 400, out
+
+
+def _legacy_release(signed: Path, tmp_path: Path, key_path: Path) -> Path:
+    """A release as cacheon wrote it before attestations: a v1 descriptor and one detached signature."""
+    from cacheon.evidence import legacy
+    from cacheon.evidence.descriptor import release_digest
+
+    target = tmp_path / "legacy"
+    shutil.copytree(signed, target)
+    descriptor = _statement(signed)["predicate"]
+    descriptor["schema"] = "cacheon.engine-release.v1"
+    del descriptor["sbom"]
+    descriptor["artifacts"] = [a for a in descriptor["artifacts"] if a["name"] != "sbom.cdx.json"]
+    (target / "artifacts" / "sbom.cdx.json").unlink()
+    (target / release.ENVELOPE).unlink()
+    (target / "descriptor.json").write_bytes(canonical_json(descriptor))
+    key = keys.load_private_key(key_path)
+    digest = release_digest(descriptor)
+    signature = {
+        "algorithm": "ed25519",
+        "descriptor_digest": digest,
+        "public_key": keys.public_hex(key.public_key()),
+        "signature": key.sign(legacy.SIGNATURE_CONTEXT + digest.encode()).hex(),
+    }
+    (target / "signature.json").write_bytes(canonical_json(signature))
+    return target
+
+
+def test_legacy_releases_verify_only_on_request(
+    signed: Path, tmp_path: Path, keypair: tuple[Path, str], run_cli: Callable[..., tuple]
+) -> None:
+    old = _legacy_release(signed, tmp_path, keypair[0])
+    code, _, err = run_cli("release", "verify", old, "--key", keypair[1])
+    assert code == 1 and "is a legacy release" in err and "--legacy" in err and "re-sign" in err
+    assert len(err.strip().splitlines()) == 1
+    code, out, err = run_cli("release", "verify", old, "--key", keypair[1], "--legacy")
+    assert code == 0 and "(legacy format)" in out, out + err
+    _, other = _keygen(tmp_path, run_cli, "other")
+    code, out, _ = run_cli("release", "verify", old, "--key", other, "--legacy")
+    assert code == 2 and f"wrong key: signed by {keypair[1]}, supplied {other}" in out
+    _flip_byte(old / "artifacts" / "notes.txt")
+    code, out, _ = run_cli("release", "verify", old, "--key", keypair[1], "--legacy")
+    assert code == 2 and "artifact notes.txt: sha256:" in out
+    code, _, err = run_cli("release", "verify", old, "--key", keypair[1], "--key", other, "--legacy")
+    assert code == 1 and "exactly one --key" in err
+
+
+def test_sbom_is_valid_cyclonedx_and_names_this_environment(tmp_path: Path, run_cli: Callable[..., tuple]) -> None:
+    import importlib.metadata
+
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    out = tmp_path / "sbom.cdx.json"
+    code, printed, err = run_cli("release", "sbom", "--out", out, "--json")
+    assert code == 0, err
+    text = out.read_text()
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(text) is None  # the official 1.6 schema
+    document = json.loads(text)
+    assert document["bomFormat"] == "CycloneDX" and document["specVersion"] == "1.6"
+    versions = {c["name"]: c["version"] for c in document["components"]}
+    assert versions["msgspec"] == importlib.metadata.version("msgspec")
+    assert json.loads(printed)["components"] == len(document["components"])
+    broken = dict(document, components=[{"type": "library", "version": "1"}])
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(broken)) is not None  # control
+    code, _, err = run_cli("release", "sbom", "--out", out)
+    assert code == 1 and "refusing to overwrite" in err
+
+
+def test_build_json(tmp_path: Path, run_cli: Callable[..., tuple]) -> None:
+    code, out, err = run_cli("release", "build", "--spec", _spec(tmp_path), "--out", tmp_path / "rel", "--json")
+    assert code == 0, err
+    built = json.loads(out)
+    assert built["digest"].startswith("sha256:") and built["signatures"] == 0
+    assert built["subjects"] == ["artifacts/notes.txt", "artifacts/rmsnorm.tar.gz", "artifacts/sbom.cdx.json"]

@@ -79,7 +79,7 @@ def _missing(parser: argparse.ArgumentParser) -> int:
 def _registry(ledger_path: str | None) -> tuple[contracts.WireContract, ...]:
     """Promotion comes from the ledger: only a real engine's pass makes a contract ``validated``.
     No ledger yet means no evidence yet; a ledger named with --ledger must exist."""
-    from cacheon.evidence.ledger import LEDGER_ENV, Ledger, default_ledger_path
+    from cacheon.evidence.ledger import LEDGER_ENV, default_ledger_path, open_verified_ledger
     from cacheon.evidence.promotion import validated_contracts
 
     path = Path(ledger_path or os.environ.get(LEDGER_ENV) or default_ledger_path())
@@ -87,8 +87,8 @@ def _registry(ledger_path: str | None) -> tuple[contracts.WireContract, ...]:
         if ledger_path:
             raise UsageError(f"no ledger at {path}")
         return contracts.CONTRACTS
-    with Ledger.open(path, create=False) as ledger:
-        validated = validated_contracts(ledger, {c.id: c.versions for c in contracts.CONTRACTS})
+    ledger = open_verified_ledger(path)
+    validated = validated_contracts(ledger, {c.id: c.versions for c in contracts.CONTRACTS})
     return contracts.promoted(validated)
 
 

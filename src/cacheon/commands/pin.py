@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from cacheon.errors import UsageError
 from cacheon.evidence.gates import (
@@ -14,7 +15,7 @@ from cacheon.evidence.gates import (
     evaluate,
     record_step,
 )
-from cacheon.evidence.ledger import Ledger, open_ledger
+from cacheon.evidence.ledger import VerifiedLedger, open_ledger, open_verified_ledger
 from cacheon.runtime.identity import Identity, runtime_identity, summary
 
 
@@ -53,9 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    with open_ledger(args.ledger, for_write=False) as ledger:
-        identities = _identities(ledger, args.target, args.identity)
-        statuses = [evaluate(ledger, identity) for identity in identities]
+    ledger = open_verified_ledger(args.ledger)
+    identities = _identities(ledger, args.target, args.identity)
+    statuses = [evaluate(ledger, identity) for identity in identities]
     target = args.target or (identities[0].sglang_version if identities else None)
     if args.json:
         print(
@@ -69,8 +70,8 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    with open_ledger(args.ledger, for_write=False) as ledger:
-        statuses = [evaluate(ledger, identity) for identity in candidates(ledger, args.to)]
+    ledger = open_verified_ledger(args.ledger)
+    statuses = [evaluate(ledger, identity) for identity in candidates(ledger, args.to)]
     print(f"pin bump to sglang {args.to}: each gate needs evidence under the candidate's exact identity")
     for gate in GATES:
         where = "needs a GPU host" if gate.needs_gpu else "any host of the identity"
@@ -95,7 +96,7 @@ def run_step(args: argparse.Namespace) -> int:
     return 0
 
 
-def _identities(ledger: Ledger, target: str | None, wanted: str | None) -> list[Identity]:
+def _identities(ledger: VerifiedLedger, target: str | None, wanted: str | None) -> list[Identity]:
     if wanted:
         identity = ledger.identity(ledger.resolve_identity(wanted))
         if target and identity.sglang_version != target:
@@ -108,7 +109,7 @@ def _identities(ledger: Ledger, target: str | None, wanted: str | None) -> list[
     return [runtime_identity()]
 
 
-def _json(status: IdentityStatus) -> dict:
+def _json(status: IdentityStatus) -> dict[str, Any]:
     return {
         "identity": status.identity.digest,
         "facts": status.identity.facts,

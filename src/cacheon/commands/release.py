@@ -1,85 +1,160 @@
-"""``cacheon release keygen|build|sign|verify``: signed Engine release descriptors."""
+"""``cacheon release keygen|sbom|build|sign|verify``: Engine releases as signed in-toto attestations."""
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
+from typing import Any
 
-from cacheon.evidence import keys, release
+from cacheon.commands._output import print_json
+from cacheon.errors import UsageError
+from cacheon.evidence import keys, legacy, release, sbom
 from cacheon.evidence.classes import EvidenceClass, release_subject
 from cacheon.evidence.record import add_record_arguments, record_from_cli
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("release", help="build, sign and verify Engine release descriptors")
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = sub.add_parser("release", help="build, sign and verify Engine releases (signed attestations)")
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     keygen = actions.add_parser("keygen", help="write an Ed25519 key pair: PREFIX.key (0600) and PREFIX.pub")
     keygen.add_argument("prefix", type=Path, metavar="PREFIX")
     keygen.set_defaults(handler=run_keygen)
 
-    build = actions.add_parser("build", help="build a release directory from a release.toml spec")
+    bom = actions.add_parser(
+        "sbom",
+        help="write a CycloneDX SBOM of this Python environment (run it inside the engine image)",
+        description="One library component per installed distribution (importlib.metadata), CycloneDX 1.6 "
+        "JSON. A release spec names it with `sbom = PATH`; build and verify check it against the identity.",
+    )
+    bom.add_argument("--out", required=True, type=Path, metavar="FILE")
+    bom.set_defaults(handler=run_sbom)
+
+    build = actions.add_parser("build", help="build an unsigned release directory from a release.toml spec")
     build.add_argument("--spec", required=True, type=Path)
     build.add_argument("--out", required=True, type=Path, metavar="DIR")
     build.set_defaults(handler=run_build)
 
-    sign = actions.add_parser("sign", help="sign a built release (once)")
+    sign = actions.add_parser("sign", help="add this key's signature to a release (each key signs once)")
     sign.add_argument("release_dir", type=Path, metavar="DIR")
     sign.add_argument("--key", required=True, type=Path, help="private key file from `release keygen`")
     sign.set_defaults(handler=run_sign)
 
     verify = actions.add_parser(
         "verify",
-        help="check descriptor digest, signature and every artifact byte (exit 2 on any difference)",
-        description="A signature check is recorded (with --record) as release_signature evidence: it says "
-        "the release is intact and signed, not that it serves.",
+        help="check the attestation, every artifact byte and the signatures (exit 2 on any difference)",
+        description="Requires signatures by at least --threshold distinct keys among those given with --key "
+        "(a key counts once however often it signed; signatures by other keys are ignored). A signature "
+        "check is recorded (with --record) as release_signature evidence: it says the release is intact and "
+        "signed, not that it serves.",
     )
     verify.add_argument("release_dir", type=Path, metavar="DIR")
     verify.add_argument(
-        "--public-key", required=True, metavar="HEX", help="the signer's key, obtained out of band"
+        "--key",
+        "--public-key",
+        dest="keys",
+        action="append",
+        required=True,
+        metavar="PUB",
+        help="a trusted signer's public key, obtained out of band: 64 hex or a .pub file (repeatable)",
     )
-    verify.add_argument("--json", action="store_true")
+    verify.add_argument("--threshold", type=int, default=1, metavar="N", help="distinct trusted signers required")
+    verify.add_argument(
+        "--legacy",
+        action="store_true",
+        help="verify a release in the format before attestations (descriptor.json + signature.json; one key)",
+    )
     add_record_arguments(verify)
     verify.set_defaults(handler=run_verify)
+
+    for action in (keygen, bom, build, sign, verify):
+        action.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def run_keygen(args: argparse.Namespace) -> int:
     private_path, public_path = keys.keygen(args.prefix)
-    print(f"private key {private_path} (mode 600; keep it secret)")
-    print(f"public key  {public_path}: {public_path.read_text().strip()}")
+    public = public_path.read_text().strip()
+    if args.json:
+        print_json({"private_key": str(private_path), "public_key": str(public_path), "key_id": public})
+    else:
+        print(f"private key {private_path} (mode 600; keep it secret)")
+        print(f"public key  {public_path}: {public}")
+    return 0
+
+
+def run_sbom(args: argparse.Namespace) -> int:
+    if args.out.exists():
+        raise UsageError(f"{args.out} exists; refusing to overwrite an SBOM")
+    data = sbom.environment_sbom()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_bytes(data)
+    components = len(sbom.read(args.out))
+    if args.json:
+        print_json({"sbom": str(args.out), "components": components, "media_type": sbom.MEDIA_TYPE})
+    else:
+        print(f"wrote {args.out}: CycloneDX 1.6, {components} Python distributions")
     return 0
 
 
 def run_build(args: argparse.Namespace) -> int:
-    digest = release.build(args.spec, args.out)
-    print(f"built release {digest} in {args.out} (unsigned: run `cacheon release sign {args.out} --key KEY`)")
+    built = release.build(args.spec, args.out)
+    if args.json:
+        print_json(
+            {
+                "release": str(built.release_dir),
+                "digest": built.digest,
+                "statement_digest": built.statement_digest,
+                "subjects": built.subjects,
+                "signatures": 0,
+            }
+        )
+    else:
+        print(f"built release {built.digest} in {args.out} (unsigned: run `cacheon release sign {args.out} --key KEY`)")
     return 0
 
 
 def run_sign(args: argparse.Namespace) -> int:
-    digest = release.sign(args.release_dir, args.key)
-    print(f"signed release {digest}")
+    result = release.sign(args.release_dir, args.key)
+    if args.json:
+        print_json({**result.to_json(), "signed_by": result.signers})
+    else:
+        count = len(result.signatures)
+        print(f"signed release {result.release_digest} ({count} signature{'s' if count != 1 else ''} now)")
     return 0
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    result = release.verify(args.release_dir, args.public_key)
+    trusted = [keys.parse_public_key(k) for k in args.keys]
+    if args.legacy:
+        if len(trusted) != 1 or args.threshold != 1:
+            raise UsageError("--legacy releases carry one signature: give exactly one --key and no --threshold")
+        result = legacy.verify(args.release_dir, trusted[0])
+    else:
+        result = release.verify(args.release_dir, trusted, threshold=args.threshold)
     code = 0 if result.ok else 2
     if args.json:
-        print(json.dumps(result.to_json(), indent=2, sort_keys=True))
+        print_json(result.to_json())
     elif result.ok:
-        print(f"OK release {result.release_digest}: descriptor, signature and every artifact verified")
+        print(_ok_line(result.to_json()))
     else:
         print(f"FAIL release {args.release_dir}:")
         for problem in result.problems:
             print(f"  - {problem}")
-    subject = release_subject(result.release_digest or "unreadable")
     record_from_cli(
         args,
         evidence_class=EvidenceClass.RELEASE_SIGNATURE,
-        subject=subject,
+        subject=release_subject(result.release_digest or "unreadable"),
         exit_code=code,
         details=result.to_json(),
     )
     return code
+
+
+def _ok_line(report: dict[str, Any]) -> str:
+    if report["format"] == "legacy":
+        return f"OK release {report['digest']} (legacy format): descriptor, signature and every artifact verified"
+    signers = len(report["trusted_signers"])
+    return (
+        f"OK release {report['digest']}: attestation, SBOM and every artifact verified; "
+        f"{signers} trusted signer{'s' if signers != 1 else ''} (threshold {report['threshold']})"
+    )

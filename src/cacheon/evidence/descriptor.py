@@ -1,9 +1,11 @@
 """The Engine release descriptor: what a release pins, and the one validator for it.
 
 Build and verify both run :func:`problems`, so a descriptor that could not have been built
-cannot verify either. The serve spec may not override anything the descriptor pins: the model
-(path, revision, config), the tensor-parallel size, or the Python/loader environment and
-Cacheon's own identity variables.
+cannot verify either. Schema v2 (the predicate of a release attestation) adds ``sbom``: the name
+of the artifact holding the CycloneDX SBOM of the image's Python environment. Schema v1 is the
+descriptor of a legacy release (``release verify --legacy``). The serve spec may not override
+anything the descriptor pins: the model (path, revision, config), the tensor-parallel size, or
+the Python/loader environment and Cacheon's own identity variables.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import re
 from typing import Any
 
 from cacheon.canonical import digest
+from cacheon.evidence.sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE
 from cacheon.runtime.identity import identity_digest
 
-RELEASE_DOMAIN = "cacheon.engine-release.v1"
+RELEASE_DOMAIN = "cacheon.engine-release.v2"
+LEGACY_DOMAIN = "cacheon.engine-release.v1"
 
 # Engine flags that would override a pinned field, and the field they would override.
 PINNED_ARGS = {
@@ -39,8 +43,9 @@ PINNED_ENV = {
 }
 PINNED_ENV_PREFIXES = {"CACHEON_": "the runtime identity and ledger"}
 
+_TOP_V1 = {"schema", "name", "sglang", "base_image", "runtime_identity", "model", "serve", "artifacts"}
+_TOP = {LEGACY_DOMAIN: _TOP_V1, RELEASE_DOMAIN: _TOP_V1 | {"sbom"}}
 _SHAPE = {
-    "": {"schema", "name", "sglang", "base_image", "runtime_identity", "model", "serve", "artifacts"},
     "sglang": {"version", "upstream_revision"},
     "runtime_identity": {"digest", "facts"},
     "model": {"id", "revision"},
@@ -61,25 +66,39 @@ def is_artifact_name(name: Any) -> bool:
 
 
 def release_digest(descriptor: dict[str, Any]) -> str:
-    return digest(RELEASE_DOMAIN, descriptor)
+    """``sha256`` over the descriptor under its own schema string (v1 and v2 never share a digest)."""
+    return digest(str(descriptor.get("schema")), descriptor)
 
 
-def problems(d: Any) -> list[str]:
-    """Every way ``d`` is not a valid descriptor (empty when it is)."""
+def problems(d: Any, schema: str = RELEASE_DOMAIN) -> list[str]:
+    """Every way ``d`` is not a valid descriptor of ``schema`` (empty when it is)."""
     if not isinstance(d, dict):
         return ["descriptor is not a JSON object"]
-    found = _shape(d)
+    if d.get("schema") != schema:
+        return [f"schema is {str(d.get('schema'))[:80]!r}, expected {schema!r}"]
+    found = _shape(d, _TOP[schema])
     if found:
         return found  # field checks below assume the shape
     found += _release_fields(d)
     found += _identity_fields(d)
     found += _serve_fields(d["serve"])
     found += _artifact_fields(d["artifacts"])
+    if "sbom" in d:
+        found += _sbom_field(d["sbom"], d["artifacts"])
     return found
 
 
-def _shape(d: dict[str, Any]) -> list[str]:
-    found = _keys(d, _SHAPE[""], "descriptor")
+def _sbom_field(name: Any, artifacts: list[dict[str, Any]]) -> list[str]:
+    listed = next((a for a in artifacts if a["name"] == name), None)
+    if listed is None:
+        return [f"sbom {str(name)[:80]!r} does not name an artifact"]
+    if listed["media_type"] != SBOM_MEDIA_TYPE:
+        return [f"sbom artifact {name!r} has media type {listed['media_type']!r}, not {SBOM_MEDIA_TYPE}"]
+    return []
+
+
+def _shape(d: dict[str, Any], top: set[str]) -> list[str]:
+    found = _keys(d, top, "descriptor")
     if found:
         return found
     for section in ("sglang", "runtime_identity", "model", "serve"):
@@ -104,8 +123,6 @@ def _keys(d: dict[str, Any], expected: set[str], where: str) -> list[str]:
 
 def _release_fields(d: dict[str, Any]) -> list[str]:
     found = []
-    if d["schema"] != RELEASE_DOMAIN:
-        found.append(f"schema is {d['schema']!r}, expected {RELEASE_DOMAIN!r}")
     if not isinstance(d["name"], str) or not _NAME.fullmatch(d["name"]):
         found.append(f"name {d['name']!r} must be letters, digits, '.', '_' or '-'")
     if not isinstance(d["sglang"]["version"], str) or not d["sglang"]["version"]:
@@ -137,14 +154,12 @@ def _identity_fields(d: dict[str, Any]) -> list[str]:
         found.append(f"runtime_identity.digest {ident['digest']} does not match its facts ({recomputed})")
     if facts["packages"].get("sglang") != d["sglang"]["version"]:
         found.append(
-            f"runtime identity runs sglang {facts['packages'].get('sglang')}, "
-            f"the release pins {d['sglang']['version']}"
+            f"runtime identity runs sglang {facts['packages'].get('sglang')}, the release pins {d['sglang']['version']}"
         )
     revision = facts.get("sglang_revision")
     if revision is not None and revision != d["sglang"]["upstream_revision"]:
         found.append(
-            f"runtime identity has upstream revision {revision}, the release pins "
-            f"{d['sglang']['upstream_revision']}"
+            f"runtime identity has upstream revision {revision}, the release pins {d['sglang']['upstream_revision']}"
         )
     image = _IMAGE.fullmatch(d["base_image"]) if isinstance(d["base_image"], str) else None
     if image and facts.get("image_digest") != image.group(1):
@@ -170,9 +185,7 @@ def _serve_fields(serve: dict[str, Any]) -> list[str]:
         for arg in args:
             flag = arg.split("=", 1)[0]
             if flag in PINNED_ARGS:
-                found.append(
-                    f"serve.engine_args: {flag} would override {PINNED_ARGS[flag]}, which the release pins"
-                )
+                found.append(f"serve.engine_args: {flag} would override {PINNED_ARGS[flag]}, which the release pins")
     names = serve["env_allowlist"]
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         return [*found, "serve.env_allowlist must be a list of strings"]

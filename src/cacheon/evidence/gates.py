@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cacheon.errors import UsageError
+from cacheon.evidence.chain import Record
 from cacheon.evidence.classes import (
     CHAIN_COMPAT_SUBJECT,
     COMPAT_SUBJECT,
@@ -20,8 +21,9 @@ from cacheon.evidence.classes import (
     Outcome,
     pin_step_subject,
 )
-from cacheon.evidence.ledger import Entry, Ledger, Record
+from cacheon.evidence.ledger import Entry, Ledger
 from cacheon.evidence.standing import Standing, standing
+from cacheon.evidence.view import VerifiedLedger
 from cacheon.runtime.identity import Identity
 
 Status = Literal["met", "missing", "failed"]
@@ -203,11 +205,11 @@ GATE_BY_KEY = {g.key: g for g in GATES}
 STEP_KEYS = ("freeze", "arena-recalibration", "identities", "migration")
 
 
-def evaluate(ledger: Ledger, identity: Identity) -> IdentityStatus:
+def evaluate(ledger: VerifiedLedger, identity: Identity) -> IdentityStatus:
     """Every gate for ``identity`` at its own SGLang version; other pins are counted apart."""
     state = standing(ledger, identity.digest)
     version = identity.sglang_version or "none"
-    results = []
+    results: list[GateResult] = []
     for gate in GATES:
         if gate.needs_gpu and not identity.gpu_count:
             verdict = Verdict("missing", "needs a GPU host; this identity has no GPU")
@@ -217,7 +219,7 @@ def evaluate(ledger: Ledger, identity: Identity) -> IdentityStatus:
     return IdentityStatus(identity, results, other_pins(ledger, exclude=version))
 
 
-def other_pins(ledger: Ledger, *, exclude: str) -> dict[str, int]:
+def other_pins(ledger: VerifiedLedger, *, exclude: str) -> dict[str, int]:
     """Record counts per SGLang version other than ``exclude``: they stay with their original pin."""
     version_of = {i.digest: i.sglang_version or "none" for i in ledger.identities()}
     counts: dict[str, int] = {}
@@ -228,7 +230,7 @@ def other_pins(ledger: Ledger, *, exclude: str) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def candidates(ledger: Ledger, version: str) -> list[Identity]:
+def candidates(ledger: VerifiedLedger, version: str) -> list[Identity]:
     """Identities in the ledger whose SGLang version is exactly ``version``."""
     return [i for i in ledger.identities() if i.sglang_version == version]
 
@@ -247,6 +249,6 @@ def record_step(ledger: Ledger, identity: Identity, step: str, version: str, not
         raise UsageError(f"{step} needs a GPU host; this identity has no GPU")
     details: dict[str, Any] = {"note": note}
     if step == "migration":
-        details["prior_pins"] = other_pins(ledger, exclude=version)
+        details["prior_pins"] = other_pins(ledger.verified(), exclude=version)
     entry = Entry(EvidenceClass.PROCEDURE, pin_step_subject(step, version), identity, Outcome.PASS, details)
     return ledger.append(entry)

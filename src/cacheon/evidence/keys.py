@@ -1,8 +1,9 @@
-"""Ed25519 keys for Engine release signatures.
+"""Ed25519 keys for release attestations and ledger checkpoints.
 
-Keys are stored as hex of the raw 32 bytes: the public half is meant to be pasted into
-``--public-key`` (a consumer must get it from somewhere other than the release directory).
-The private half is written 0600 with O_EXCL, and refused when others can read it.
+Keys are stored as hex of the raw 32 bytes: the public half is meant to be given to ``--key``
+(as the hex itself or the ``.pub`` file; a consumer must get it from somewhere other than the
+release directory). The private half is written 0600 with O_EXCL, and refused when others can
+read it. A signature's key id is the public key's hex, so a verifier can name who signed.
 """
 
 from __future__ import annotations
@@ -12,14 +13,11 @@ import re
 import stat
 from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from cacheon.errors import UsageError
 
-# Signed message: a context string, so a release signature can never be replayed as another kind.
-SIGNATURE_CONTEXT = b"cacheon.engine-release.signature.v1\x00"
 _HEX32 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -43,35 +41,32 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read private key {path}: {exc}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise UsageError(
-            f"private key {path} is accessible by others (mode {stat.S_IMODE(mode):o}); chmod 600 it"
-        )
+        raise UsageError(f"private key {path} is accessible by others (mode {stat.S_IMODE(mode):o}); chmod 600 it")
     if not _HEX32.fullmatch(text):
         raise UsageError(f"{path} is not a Cacheon Ed25519 private key (64 hex characters)")
     return Ed25519PrivateKey.from_private_bytes(bytes.fromhex(text))
 
 
 def parse_public_key(text: str) -> Ed25519PublicKey:
+    """A public key given as 64 hex characters, or as the path of a ``.pub`` file holding them."""
     value = text.strip().lower()
     if not _HEX32.fullmatch(value):
-        raise UsageError("--public-key must be 64 hex characters (the contents of a .pub file)")
+        path = Path(text)
+        if not path.is_file():
+            raise UsageError(
+                f"public key {text[:80]!r} is neither 64 hex characters nor a .pub file from `release keygen`"
+            )
+        try:
+            value = path.read_text(encoding="ascii").strip().lower()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"cannot read public key {path}: {exc}") from None
+        if not _HEX32.fullmatch(value):
+            raise UsageError(f"{path} is not a Cacheon Ed25519 public key (64 hex characters)")
     return Ed25519PublicKey.from_public_bytes(bytes.fromhex(value))
 
 
 def public_hex(key: Ed25519PublicKey) -> str:
     return key.public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
-
-
-def sign_digest(key: Ed25519PrivateKey, descriptor_digest: str) -> str:
-    return key.sign(SIGNATURE_CONTEXT + descriptor_digest.encode("ascii")).hex()
-
-
-def signature_valid(key: Ed25519PublicKey, descriptor_digest: str, signature_hex: str) -> bool:
-    try:
-        key.verify(bytes.fromhex(signature_hex), SIGNATURE_CONTEXT + descriptor_digest.encode("ascii"))
-    except (InvalidSignature, ValueError, UnicodeEncodeError):
-        return False
-    return True
 
 
 def _write_new(path: Path, text: str, mode: int) -> None:

@@ -1,78 +1,158 @@
-"""The evidence ledger: one SQLite file, append-only, every write one transaction.
+"""The evidence ledger: one SQLite file, append-only, hash-chained, every write one transaction.
 
 Why SQLite: concurrent writers from several processes (WAL + ``BEGIN IMMEDIATE``), atomic
-batches that survive SIGKILL, and a file a user can copy. Append-only is enforced by the
-database itself (triggers), so a correction can only ever be a new record that supersedes an
-old one and keeps its class, subject and identity.
+batches that survive SIGKILL, and a file a user can copy. Triggers refuse updates and deletes,
+so a correction can only ever be a new record that supersedes an old one and keeps its class,
+subject and identity. Triggers stop mistakes, not adversaries (anyone who can write the file can
+drop them), so every record also carries the hash of the one before it (:mod:`.chain`): every
+read walks the chain first and refuses a broken one, and a ledger is only ever extended from a
+verified head.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cacheon.errors import CacheonError, UsageError
+from cacheon.canonical import canonical_json
+from cacheon.errors import CacheonError
+from cacheon.evidence import chain
+from cacheon.evidence.chain import ChainCheck, Head, Header, Record, Row
 from cacheon.evidence.classes import EvidenceClass, Outcome
-from cacheon.runtime.identity import Identity, identity_digest, identity_from_facts
+from cacheon.evidence.view import VerifiedLedger
+from cacheon.runtime.identity import Identity, identity_digest
+
+__all__ = [
+    "APPLICATION_ID",
+    "LEDGER_ENV",
+    "SCHEMA_VERSION",
+    "Entry",
+    "Ledger",
+    "LedgerError",
+    "LedgerTampered",
+    "Record",
+    "VerifiedLedger",
+    "default_ledger_path",
+    "open_ledger",
+    "open_verified_ledger",
+]
 
 LEDGER_ENV = "CACHEON_LEDGER"
 APPLICATION_ID = 0x4341434C  # "CACL": marks the file as a Cacheon ledger
 BUSY_TIMEOUT_S = 60.0
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+_CHAINED_SCHEMA = 2  # the first schema with a hash chain
 
-# _MIGRATIONS[i] takes schema version i to i + 1; statements run one by one inside one transaction.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (
-        """CREATE TABLE identities (
-            digest TEXT PRIMARY KEY,
-            facts TEXT NOT NULL,
-            first_recorded TEXT NOT NULL
-        ) STRICT""",
-        """CREATE TABLE records (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            evidence_class TEXT NOT NULL,
-            subject TEXT NOT NULL,
-            identity_digest TEXT NOT NULL REFERENCES identities(digest),
-            outcome TEXT NOT NULL CHECK (outcome IN ('pass', 'fail', 'blocked', 'not_run')),
-            details TEXT NOT NULL,
-            recorded_at TEXT NOT NULL,
-            supersedes INTEGER UNIQUE REFERENCES records(id)
-        ) STRICT""",
-        "CREATE INDEX records_by_identity ON records(identity_digest, evidence_class, subject)",
-        """CREATE TRIGGER records_no_update BEFORE UPDATE ON records
-            BEGIN SELECT RAISE(ABORT, 'ledger records are append-only'); END""",
-        """CREATE TRIGGER records_no_delete BEFORE DELETE ON records
-            BEGIN SELECT RAISE(ABORT, 'ledger records are append-only'); END""",
-        """CREATE TRIGGER identities_no_update BEFORE UPDATE ON identities
-            BEGIN SELECT RAISE(ABORT, 'ledger identities are append-only'); END""",
-        """CREATE TRIGGER identities_no_delete BEFORE DELETE ON identities
-            BEGIN SELECT RAISE(ABORT, 'ledger identities are append-only'); END""",
-        """CREATE TRIGGER records_correction_keeps_claim BEFORE INSERT ON records
-            WHEN NEW.supersedes IS NOT NULL AND NOT EXISTS (
-                SELECT 1 FROM records r WHERE r.id = NEW.supersedes
-                AND r.evidence_class = NEW.evidence_class AND r.subject = NEW.subject
-                AND r.identity_digest = NEW.identity_digest)
-            BEGIN SELECT RAISE(ABORT, 'a correction must keep class, subject and identity'); END""",
-    ),
+_NO_UPDATE_RECORDS = """CREATE TRIGGER records_no_update BEFORE UPDATE ON records
+    BEGIN SELECT RAISE(ABORT, 'ledger records are append-only'); END"""
+_V1 = (
+    """CREATE TABLE identities (
+        digest TEXT PRIMARY KEY,
+        facts TEXT NOT NULL,
+        first_recorded TEXT NOT NULL
+    ) STRICT""",
+    """CREATE TABLE records (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        evidence_class TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        identity_digest TEXT NOT NULL REFERENCES identities(digest),
+        outcome TEXT NOT NULL CHECK (outcome IN ('pass', 'fail', 'blocked', 'not_run')),
+        details TEXT NOT NULL,
+        recorded_at TEXT NOT NULL,
+        supersedes INTEGER UNIQUE REFERENCES records(id)
+    ) STRICT""",
+    "CREATE INDEX records_by_identity ON records(identity_digest, evidence_class, subject)",
+    _NO_UPDATE_RECORDS,
+    """CREATE TRIGGER records_no_delete BEFORE DELETE ON records
+        BEGIN SELECT RAISE(ABORT, 'ledger records are append-only'); END""",
+    """CREATE TRIGGER identities_no_update BEFORE UPDATE ON identities
+        BEGIN SELECT RAISE(ABORT, 'ledger identities are append-only'); END""",
+    """CREATE TRIGGER identities_no_delete BEFORE DELETE ON identities
+        BEGIN SELECT RAISE(ABORT, 'ledger identities are append-only'); END""",
+    """CREATE TRIGGER records_correction_keeps_claim BEFORE INSERT ON records
+        WHEN NEW.supersedes IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM records r WHERE r.id = NEW.supersedes
+            AND r.evidence_class = NEW.evidence_class AND r.subject = NEW.subject
+            AND r.identity_digest = NEW.identity_digest)
+        BEGIN SELECT RAISE(ABORT, 'a correction must keep class, subject and identity'); END""",
 )
+
+
+def _create_v1(conn: sqlite3.Connection) -> None:
+    for statement in _V1:
+        conn.execute(statement)
+
+
+def _chain_v1(conn: sqlite3.Connection) -> None:
+    """v1 -> v2: a header, and prev/hash columns filled by chaining the records as they are now."""
+    rows = conn.execute("SELECT id FROM records ORDER BY id").fetchall()
+    for position, (record_id,) in enumerate(rows, start=1):
+        if record_id != position:
+            raise LedgerError(
+                f"record #{position} is missing from this unchained ledger (it was deleted): "
+                "migrating would vouch for a damaged history; keep the file as it is and start a new ledger"
+            )
+    origin = {"kind": "migrated", "from_schema": 1, "records": len(rows)} if rows else {"kind": "new"}
+    for statement in (
+        """CREATE TABLE ledger_header (
+            singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+            ledger_id TEXT NOT NULL,
+            created_at TEXT NOT NULL,
+            origin TEXT NOT NULL
+        ) STRICT""",
+        """CREATE TRIGGER ledger_header_no_update BEFORE UPDATE ON ledger_header
+            BEGIN SELECT RAISE(ABORT, 'the ledger header is immutable'); END""",
+        """CREATE TRIGGER ledger_header_no_delete BEFORE DELETE ON ledger_header
+            BEGIN SELECT RAISE(ABORT, 'the ledger header is immutable'); END""",
+        "ALTER TABLE records ADD COLUMN prev_hash TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE records ADD COLUMN record_hash TEXT NOT NULL DEFAULT ''",
+        "DROP TRIGGER records_no_update",  # the one update this ledger ever makes: filling the chain
+    ):
+        conn.execute(statement)
+    header = Header(secrets.token_hex(16), _now(), canonical_json(origin).decode("utf-8"))
+    conn.execute(
+        "INSERT INTO ledger_header(singleton, ledger_id, created_at, origin) VALUES (1, ?, ?, ?)",
+        (header.ledger_id, header.created_at, header.origin),
+    )
+    prev = header.genesis()
+    for row in _rows(conn):
+        filled = row.hash_linked_to(prev)
+        conn.execute("UPDATE records SET prev_hash = ?, record_hash = ? WHERE id = ?", (prev, filled, row.id))
+        prev = filled
+    conn.execute(_NO_UPDATE_RECORDS)
+    facts = dict(conn.execute("SELECT digest, facts FROM identities").fetchall())
+    broken = chain.walk(header, _rows(conn), facts).broken
+    if broken is not None:  # e.g. an identity whose facts were edited: chaining would bless it
+        raise LedgerError(f"cannot migrate: {broken.reason}; keep the file as it is and start a new ledger")
+
+
+# _MIGRATIONS[i] takes schema version i to i + 1, all of them inside one transaction.
+_MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_create_v1, _chain_v1)
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 
 class LedgerError(CacheonError):
-    """The ledger file is unusable (foreign, corrupted, too new) or a write was refused."""
+    """The ledger file is unusable (foreign, corrupted, too new, unmigrated) or a write was refused."""
+
+
+class LedgerTampered(CacheonError):
+    """The hash chain is broken: the ledger was altered outside cacheon. Checked and failed: exit 2."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)
 class Entry:
-    """A record to append; the ledger assigns its id and time."""
+    """A record to append; the ledger assigns its id, time and hashes."""
 
     evidence_class: EvidenceClass
     subject: str
@@ -80,32 +160,6 @@ class Entry:
     outcome: Outcome
     details: Mapping[str, Any] = field(default_factory=dict)
     supersedes: int | None = None
-
-
-@dataclass(frozen=True)
-class Record:
-    id: int
-    evidence_class: str
-    subject: str
-    identity_digest: str
-    outcome: str
-    details: dict[str, Any]
-    recorded_at: str
-    supersedes: int | None
-    superseded_by: int | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "class": self.evidence_class,
-            "subject": self.subject,
-            "identity": self.identity_digest,
-            "outcome": self.outcome,
-            "details": self.details,
-            "recorded_at": self.recorded_at,
-            "supersedes": self.supersedes,
-            "superseded_by": self.superseded_by,
-        }
 
 
 def default_ledger_path() -> Path:
@@ -117,11 +171,27 @@ def default_ledger_path() -> Path:
     return base / "cacheon" / "ledger.sqlite3"
 
 
-def open_ledger(explicit: str | None, *, for_write: bool) -> Ledger:
-    """``--ledger`` over ``CACHEON_LEDGER`` over the default; a *named* ledger must exist to be read."""
+def resolve_ledger_path(explicit: str | None) -> tuple[Path, bool]:
+    """``--ledger`` over ``CACHEON_LEDGER`` over the default; also whether the path was named."""
     named = explicit or os.environ.get(LEDGER_ENV)
-    path = Path(named) if named else default_ledger_path()
+    return (Path(named), True) if named else (default_ledger_path(), False)
+
+
+def open_ledger(explicit: str | None, *, for_write: bool) -> Ledger:
+    """The ledger for writing (or for a check that reports rather than refuses); a *named* ledger
+    must exist to be read."""
+    path, named = resolve_ledger_path(explicit)
     return Ledger.open(path, create=for_write or not named)
+
+
+def open_verified_ledger(explicit: str | Path | None) -> VerifiedLedger:
+    """The one way to read the ledger: open it, walk its hash chain, and return the verified records.
+
+    A broken chain raises :class:`LedgerTampered` (exit 2) naming the first broken record, and
+    nothing of the ledger is returned. A default ledger that does not exist yet reads as empty.
+    """
+    with open_ledger(str(explicit) if explicit is not None else None, for_write=False) as ledger:
+        return ledger.verified()
 
 
 class Ledger:
@@ -132,7 +202,8 @@ class Ledger:
         self._conn = conn
 
     @classmethod
-    def open(cls, path: Path, *, create: bool = True) -> Ledger:
+    def open(cls, path: Path, *, create: bool = True, migrate: bool = False) -> Ledger:
+        """Open (creating if allowed); ``migrate`` chains an unchained v1 ledger's records as they are."""
         path = Path(path)
         if path.is_dir():
             raise LedgerError(f"{path} is a directory, not a ledger file")
@@ -147,7 +218,7 @@ class Ledger:
         try:
             with ledger._guard():
                 conn.execute("PRAGMA foreign_keys = ON")
-                ledger._check_and_migrate()
+                ledger._check_and_migrate(migrate)
         except BaseException:
             conn.close()
             raise
@@ -171,24 +242,36 @@ class Ledger:
 
     @contextmanager
     def batch(self) -> Iterator[Callable[[Entry], int]]:
-        """Append several records atomically: all of them are committed, or none."""
+        """Append several records atomically: all of them are committed, or none.
+
+        The chain is walked under the write lock first: a record is only ever linked to a
+        verified head, so a writer never extends (and so seems to vouch for) a tampered ledger.
+        """
         with self._guard(), self._transaction():
-            yield self._insert
+            head = [self._verify_in_transaction().head]
+
+            def add(entry: Entry) -> int:
+                head[0] = self._insert(entry, head[0])
+                return head[0].seq
+
+            yield add
 
     def correct(self, record_id: int, outcome: Outcome, reason: str) -> int:
         """Supersede a record with a new one (same class, subject, identity) and a stated reason."""
-        old = self.record(record_id)
-        entry = Entry(
-            evidence_class=EvidenceClass(old.evidence_class),
-            subject=old.subject,
-            identity=self.identity(old.identity_digest),
-            outcome=outcome,
-            details={"correction": reason, "corrected_outcome": old.outcome},
-            supersedes=record_id,
-        )
-        return self.append(entry)
+        with self._guard(), self._transaction():
+            view = self._verify_in_transaction()
+            old = view.record(record_id)
+            entry = Entry(
+                evidence_class=EvidenceClass(old.evidence_class),
+                subject=old.subject,
+                identity=view.identity(old.identity_digest),
+                outcome=outcome,
+                details={"correction": reason, "corrected_outcome": old.outcome},
+                supersedes=record_id,
+            )
+            return self._insert(entry, view.head).seq
 
-    def _insert(self, entry: Entry) -> int:
+    def _insert(self, entry: Entry, head: Head) -> Head:
         if not isinstance(entry.evidence_class, EvidenceClass) or not isinstance(entry.outcome, Outcome):
             raise TypeError("Entry.evidence_class and Entry.outcome must be EvidenceClass and Outcome")
         if ":" not in entry.subject:
@@ -200,83 +283,67 @@ class Ledger:
             "INSERT OR IGNORE INTO identities(digest, facts, first_recorded) VALUES (?, ?, ?)",
             (entry.identity.digest, _dumps(entry.identity.facts), now),
         )
+        row = Row(
+            id=head.seq + 1,
+            evidence_class=entry.evidence_class.value,
+            subject=entry.subject,
+            identity_digest=entry.identity.digest,
+            outcome=entry.outcome.value,
+            details=_dumps(dict(entry.details)),
+            recorded_at=now,
+            supersedes=entry.supersedes,
+            prev_hash=head.hash,
+            record_hash="",
+        )
+        row = replace(row, record_hash=row.computed_hash())
         try:
-            cursor = self._conn.execute(
-                "INSERT INTO records(evidence_class, subject, identity_digest, outcome, details, "
-                "recorded_at, supersedes) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    entry.evidence_class.value,
-                    entry.subject,
-                    entry.identity.digest,
-                    entry.outcome.value,
-                    _dumps(dict(entry.details)),
-                    now,
-                    entry.supersedes,
-                ),
+            self._conn.execute(
+                f"INSERT INTO records({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
+                astuple(row),
             )
         except sqlite3.IntegrityError as exc:
             if "records.supersedes" in str(exc):
                 raise LedgerError(f"record {entry.supersedes} is already superseded") from None
             raise
-        assert cursor.lastrowid is not None
-        return cursor.lastrowid
+        return Head(row.id, row.record_hash)
 
-    # -- reading ---------------------------------------------------------------------------
+    # -- checking --------------------------------------------------------------------------
 
-    def records(
-        self,
-        *,
-        identity: str | None = None,
-        evidence_class: EvidenceClass | None = None,
-        subject: str | None = None,
-    ) -> list[Record]:
-        """Records in append order, optionally filtered; superseded ones included (marked)."""
-        where, params = [], []
-        for column, value in (
-            ("r.identity_digest", identity),
-            ("r.evidence_class", evidence_class.value if evidence_class else None),
-            ("r.subject", subject),
-        ):
-            if value is not None:
-                where.append(f"{column} = ?")
-                params.append(value)
-        sql = _SELECT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY r.id"
-        with self._guard():
-            return [_record(row) for row in self._conn.execute(sql, params)]
+    def check(self) -> ChainCheck:
+        """Walk the chain in one read snapshot and report (never raises for a broken chain)."""
+        with self._guard(), self._snapshot():
+            return self._walk()
 
-    def record(self, record_id: int) -> Record:
-        with self._guard():
-            row = self._conn.execute(_SELECT + " WHERE r.id = ?", (record_id,)).fetchone()
-        if row is None:
-            raise UsageError(f"no record {record_id} in {self.path}")
-        return _record(row)
+    def verified(self) -> VerifiedLedger:
+        """The verified records, or :class:`LedgerTampered` naming the first broken link."""
+        with self._guard(), self._snapshot():
+            return self._verify_in_transaction()
 
-    def identity(self, digest: str) -> Identity:
-        with self._guard():
-            row = self._conn.execute("SELECT facts FROM identities WHERE digest = ?", (digest,)).fetchone()
-        if row is None:
-            raise UsageError(f"no identity {digest} in {self.path}")
-        return _identity(digest, row[0])
+    def _verify_in_transaction(self) -> VerifiedLedger:
+        check = self._walk()
+        if check.broken is not None:
+            raise LedgerTampered(
+                f"ledger {self.path} is tampered: {check.broken.reason}; nothing was read "
+                "(`cacheon evidence verify` shows the check)"
+            )
+        return VerifiedLedger.from_check(self.path, check)
 
-    def identities(self) -> list[Identity]:
-        with self._guard():
-            rows = self._conn.execute(
-                "SELECT digest, facts FROM identities ORDER BY first_recorded"
-            ).fetchall()
-        return [_identity(digest, facts) for digest, facts in rows]
-
-    def resolve_identity(self, text: str) -> str:
-        """A full digest as given, or the one recorded identity that starts with ``text``."""
-        wanted = text if text.startswith("sha256:") else "sha256:" + text
-        if len(wanted) == 71:
-            return wanted
-        matches = [i.digest for i in self.identities() if i.digest.startswith(wanted)]
-        if len(matches) != 1:
-            problem = "no recorded identity" if not matches else f"{len(matches)} identities"
-            raise UsageError(f"{problem} in {self.path} match {text!r}; give more of the digest")
-        return matches[0]
+    def _walk(self) -> ChainCheck:
+        row = self._conn.execute("SELECT ledger_id, created_at, origin FROM ledger_header").fetchone()
+        header = Header(*row) if row else None
+        facts = dict(self._conn.execute("SELECT digest, facts FROM identities").fetchall())
+        return chain.walk(header, _rows(self._conn), facts)
 
     # -- plumbing --------------------------------------------------------------------------
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[None]:
+        """One read transaction: every SELECT inside sees the same committed state."""
+        self._conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self._conn.execute("COMMIT")
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -299,7 +366,7 @@ class Ledger:
                 raise LedgerError(f"ledger {self.path} is corrupted ({text})") from None
             raise LedgerError(f"ledger {self.path}: {text}") from None
 
-    def _check_and_migrate(self) -> None:
+    def _check_and_migrate(self, migrate: bool) -> None:
         app_id, version = self._pragmas()
         if app_id == 0 and version == 0:
             if self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
@@ -319,22 +386,30 @@ class Ledger:
             return
         with self._transaction():
             _, version = self._pragmas()  # another process may have migrated meanwhile
-            for statements in _MIGRATIONS[version:]:
-                for statement in statements:
-                    self._conn.execute(statement)
+            if 0 < version < _CHAINED_SCHEMA and not migrate:
+                count = self._conn.execute("SELECT count(*) FROM records").fetchone()[0]
+                if count:
+                    raise LedgerError(
+                        f"ledger {self.path} has schema v{version}, without a hash chain: run "
+                        f"`cacheon evidence migrate --ledger {self.path}` to chain its {count} records "
+                        "(it vouches for them as they are now)"
+                    )
+            for step in _MIGRATIONS[version:]:
+                step(self._conn)
             self._conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             self._conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _pragmas(self) -> tuple[int, int]:
         app_id = self._conn.execute("PRAGMA application_id").fetchone()[0]
         version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-        return app_id, version
+        return int(app_id), int(version)
 
 
-_SELECT = (
-    "SELECT r.id, r.evidence_class, r.subject, r.identity_digest, r.outcome, r.details, r.recorded_at, "
-    "r.supersedes, s.id FROM records r LEFT JOIN records s ON s.supersedes = r.id"
-)
+_COLUMNS = tuple(f.name for f in fields(Row))  # the stored columns, in Row's order
+
+
+def _rows(conn: sqlite3.Connection) -> list[Row]:
+    return [Row(*row) for row in conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM records ORDER BY id")]
 
 
 def _check_header(path: Path) -> None:
@@ -342,24 +417,6 @@ def _check_header(path: Path) -> None:
         head = fh.read(len(_SQLITE_MAGIC))
     if head and head != _SQLITE_MAGIC:
         raise LedgerError(f"{path} is not a Cacheon ledger (not an SQLite database file)")
-
-
-def _record(row: tuple[Any, ...]) -> Record:
-    try:
-        details = json.loads(row[5])
-    except ValueError:
-        raise LedgerError(f"record {row[0]} has unreadable details (ledger damaged)") from None
-    return Record(row[0], row[1], row[2], row[3], row[4], details, row[6], row[7], row[8])
-
-
-def _identity(digest: str, facts_text: str) -> Identity:
-    try:
-        identity = identity_from_facts(json.loads(facts_text))
-    except (ValueError, TypeError):
-        raise LedgerError(f"identity {digest} has unreadable facts (ledger damaged)") from None
-    if identity.digest != digest:
-        raise LedgerError(f"identity {digest} no longer matches its recorded facts (ledger damaged)")
-    return identity
 
 
 def _dumps(value: Any) -> str:

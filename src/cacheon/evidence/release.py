@@ -1,10 +1,13 @@
-"""Engine release directories: build from a spec, sign once, verify every byte.
+"""Engine releases as signed attestations: build from a spec, sign (once per key), verify every byte.
 
-A release directory holds exactly ``descriptor.json`` (canonical JSON), ``signature.json`` once
-signed, and ``artifacts/<name>`` for each artifact the descriptor lists. Verification trusts
-nothing in the directory: the descriptor digest is recomputed, the signature is checked against
-a key the consumer supplies, every artifact is re-hashed, and any file the descriptor does not
-name is a failure. There is no in-place edit: a changed release is a new release.
+A release directory holds exactly ``release.dsse.json`` and ``artifacts/<name>`` for each
+artifact. The envelope's payload is an in-toto Statement v1 whose subjects are the artifacts'
+sha256 digests (the CycloneDX SBOM of the image's Python environment among them) and whose
+predicate is the Engine release descriptor. Each signer adds one Ed25519 signature over the
+DSSE pre-authentication encoding. Verification trusts nothing in the directory: the envelope is
+read bounded, canonical and typed; the statement must agree with its predicate; every artifact
+is re-hashed; the SBOM must agree with the runtime identity; any unlisted file fails; and the
+signatures must come from at least ``threshold`` distinct keys the consumer supplies.
 """
 
 from __future__ import annotations
@@ -15,36 +18,61 @@ import os
 import shutil
 import tempfile
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 from cacheon.canonical import canonical_json
 from cacheon.errors import UsageError
-from cacheon.evidence import keys
+from cacheon.evidence import dsse, keys, sbom
+from cacheon.evidence.boundary import Malformed, decode_json, read_bounded, replace_file
 from cacheon.evidence.descriptor import RELEASE_DOMAIN, is_artifact_name, problems, release_digest
 from cacheon.runtime.identity import identity_from_facts
 
-DESCRIPTOR = "descriptor.json"
-SIGNATURE = "signature.json"
+ENVELOPE = "release.dsse.json"
 ARTIFACTS = "artifacts"
-_SPEC_KEYS = {
-    "name",
-    "sglang_version",
-    "upstream_revision",
-    "base_image",
-    "runtime_identity",
-    "model",
-    "serve",
-}
-_SIGNATURE_KEYS = {"algorithm", "descriptor_digest", "public_key", "signature"}
+LEGACY_FILES = ("descriptor.json", "signature.json")
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+PREDICATE_TYPE = "https://cacheon.dev/attestation/engine-release/v2"
+MAX_ENVELOPE_BYTES = 4 * 1024 * 1024  # a descriptor with a full identity is a few KiB
+_SPEC_KEYS = {"name", "sglang_version", "upstream_revision", "base_image", "runtime_identity", "model", "serve", "sbom"}
+
+
+class Subject(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str
+    digest: dict[str, str]
+
+
+class Statement(
+    msgspec.Struct,
+    frozen=True,
+    forbid_unknown_fields=True,
+    rename={"type": "_type", "predicate_type": "predicateType"},
+):
+    type: str
+    subject: list[Subject]
+    predicate_type: str
+    predicate: dict[str, Any]  # the descriptor; :func:`descriptor.problems` is its one validator
 
 
 @dataclass
 class Verification:
     release_dir: Path
+    format: str = "attestation"
     release_digest: str | None = None
+    statement_digest: str | None = None
+    threshold: int = 1
+    signatures: list[dsse.SignatureCheck] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def signers(self) -> list[str]:
+        return sorted(dsse.trusted_signers(self.signatures))
 
     @property
     def ok(self) -> bool:
@@ -53,28 +81,43 @@ class Verification:
     def to_json(self) -> dict[str, Any]:
         return {
             "release": str(self.release_dir),
+            "format": self.format,
             "digest": self.release_digest,
+            "statement_digest": self.statement_digest,
+            "threshold": self.threshold,
+            "trusted_signers": self.signers,
+            "signatures": [{"keyid": s.keyid, "trusted": s.trusted, "valid": s.valid} for s in self.signatures],
             "ok": self.ok,
             "problems": self.problems,
         }
 
 
+@dataclass(frozen=True)
+class Built:
+    release_dir: Path
+    digest: str
+    statement_digest: str
+    subjects: list[str]
+
+
 # -- build -------------------------------------------------------------------------------------
 
 
-def build(spec_path: Path, out: Path) -> str:
-    """Copy the artifacts into a new ``out`` and write the descriptor; returns the release digest."""
+def build(spec_path: Path, out: Path) -> Built:
+    """Copy the artifacts and the SBOM into a new ``out`` and write the unsigned envelope."""
     spec = _load_spec(spec_path)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(
-            f"{out} exists and is not empty: a release is never edited in place; build a new one"
-        )
+        raise UsageError(f"{out} exists and is not empty: a release is never edited in place; build a new one")
     base = spec_path.parent
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".cacheon-release-", dir=out.parent))  # same filesystem: rename
     try:
         (staging / ARTIFACTS).mkdir()
-        artifacts = [_copy_artifact(base, entry, staging / ARTIFACTS) for entry in spec.get("artifacts", [])]
+        entries = [
+            *spec.get("artifacts", []),
+            {"path": spec["sbom"], "media_type": sbom.MEDIA_TYPE, "name": sbom.FILE_NAME},
+        ]
+        artifacts = [_copy_artifact(base, entry, staging / ARTIFACTS) for entry in entries]
         descriptor = {
             "schema": RELEASE_DOMAIN,
             "name": spec["name"],
@@ -84,17 +127,38 @@ def build(spec_path: Path, out: Path) -> str:
             "model": spec["model"],
             "serve": {"engine_args": [], "env_allowlist": [], **spec["serve"]},
             "artifacts": sorted(artifacts, key=lambda a: str(a["name"])),
+            "sbom": sbom.FILE_NAME,
         }
-        found = problems(descriptor)
+        found = problems(descriptor) or _sbom_problems(staging, descriptor)
         if found:
             raise UsageError(f"{spec_path}: " + "; ".join(found))
-        (staging / DESCRIPTOR).write_bytes(canonical_json(descriptor))
+        statement = _statement(descriptor)
+        (staging / ENVELOPE).write_bytes(dsse.seal(PAYLOAD_TYPE, statement).to_bytes())
         if out.exists():
             out.rmdir()  # empty, checked above
         staging.rename(out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return release_digest(descriptor)
+    subjects = [f"{ARTIFACTS}/{a['name']}" for a in descriptor["artifacts"]]
+    return Built(out, release_digest(descriptor), _sha256(statement), subjects)
+
+
+def _statement(descriptor: dict[str, Any]) -> bytes:
+    return canonical_json(
+        {
+            "_type": STATEMENT_TYPE,
+            "subject": _subjects(descriptor["artifacts"]),
+            "predicateType": PREDICATE_TYPE,
+            "predicate": descriptor,
+        }
+    )
+
+
+def _subjects(artifacts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        {"name": f"{ARTIFACTS}/{a['name']}", "digest": {"sha256": str(a["sha256"]).removeprefix("sha256:")}}
+        for a in artifacts
+    ]
 
 
 def _load_spec(path: Path) -> dict[str, Any]:
@@ -105,9 +169,13 @@ def _load_spec(path: Path) -> dict[str, Any]:
     missing = sorted(_SPEC_KEYS - spec.keys())
     unknown = sorted(spec.keys() - _SPEC_KEYS - {"artifacts"})
     if missing or unknown:
+        hint = (
+            " (capture one inside the image: `cacheon release sbom --out sbom.cdx.json`)" if "sbom" in missing else ""
+        )
         raise UsageError(
             f"{path}: "
             + "; ".join([f"missing {k!r}" for k in missing] + [f"unknown field {k!r}" for k in unknown])
+            + hint
         )
     if not isinstance(spec["serve"], dict) or not isinstance(spec.get("artifacts", []), list):
         raise UsageError(f"{path}: [serve] must be a table and [[artifacts]] an array of tables")
@@ -120,13 +188,9 @@ def _load_identity(path: Path) -> dict[str, Any]:
         captured = json.loads(path.read_text(encoding="utf-8"))
         identity = identity_from_facts(captured["facts"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(
-            f"cannot read runtime identity {path} (from `cacheon identity --json`): {exc}"
-        ) from None
+        raise UsageError(f"cannot read runtime identity {path} (from `cacheon identity --json`): {exc}") from None
     if captured.get("digest") != identity.digest:
-        raise UsageError(
-            f"{path}: digest {captured.get('digest')} does not match its facts ({identity.digest})"
-        )
+        raise UsageError(f"{path}: digest {captured.get('digest')} does not match its facts ({identity.digest})")
     return identity.to_json()
 
 
@@ -154,92 +218,139 @@ def _copy_artifact(base: Path, entry: Any, into: Path) -> dict[str, Any]:
                 size += len(chunk)
     except OSError as exc:
         raise UsageError(f"cannot copy artifact {source}: {exc}") from None
-    return {
-        "name": name,
-        "media_type": entry["media_type"],
-        "sha256": "sha256:" + sha.hexdigest(),
-        "size": size,
-    }
+    return {"name": name, "media_type": entry["media_type"], "sha256": "sha256:" + sha.hexdigest(), "size": size}
 
 
 # -- sign --------------------------------------------------------------------------------------
 
 
-def sign(release_dir: Path, key_path: Path) -> str:
-    """Sign a release once; refuses a release that does not verify on content or is already signed."""
-    if (release_dir / SIGNATURE).exists():
-        raise UsageError(
-            f"{release_dir} is already signed: upgrading means a new release, not a new signature"
-        )
-    check = verify_content(release_dir, signed=False)
-    if not check.ok or check.release_digest is None:
-        raise UsageError(f"refusing to sign {release_dir}: " + "; ".join(check.problems))
+def sign(release_dir: Path, key_path: Path) -> Verification:
+    """Add this key's signature; refuses a release whose content does not verify, or a second signature
+    by the same key. Other signers' signatures are kept as they are."""
     key = keys.load_private_key(key_path)
-    signature = {
-        "algorithm": "ed25519",
-        "descriptor_digest": check.release_digest,
-        "public_key": keys.public_hex(key.public_key()),
-        "signature": keys.sign_digest(key, check.release_digest),
-    }
-    with (release_dir / SIGNATURE).open("xb") as fh:
-        fh.write(canonical_json(signature))
-    return check.release_digest
+    check = verify_content(release_dir)
+    if not check.ok or check.envelope is None:
+        raise UsageError(f"refusing to sign {release_dir}: " + "; ".join(check.result.problems))
+    try:
+        signed = dsse.add_signature(check.envelope, key)
+    except ValueError as exc:
+        raise UsageError(f"{release_dir} is {exc}: a key signs a release once") from None
+    replace_file(release_dir / ENVELOPE, signed.to_bytes())
+    return verify(release_dir, [key.public_key()], threshold=1)
 
 
 # -- verify ------------------------------------------------------------------------------------
 
 
-def verify(release_dir: Path, public_key_hex: str) -> Verification:
-    """Descriptor, signature (against the supplied key) and every artifact byte."""
-    public_key = keys.parse_public_key(public_key_hex)
-    result = verify_content(release_dir, signed=True)
-    if result.release_digest is None:
-        return result
-    signature = _read_canonical(release_dir / SIGNATURE, result, "the release is not signed")
-    if signature is None:
-        return result
-    if not isinstance(signature, dict) or signature.keys() != _SIGNATURE_KEYS:
-        result.problems.append(f"{SIGNATURE} must have exactly the fields {sorted(_SIGNATURE_KEYS)}")
-    elif signature["algorithm"] != "ed25519":
-        result.problems.append(f"{SIGNATURE}: unsupported algorithm {signature['algorithm']!r}")
-    elif signature["descriptor_digest"] != result.release_digest:
-        result.problems.append(
-            f"{SIGNATURE} covers descriptor {signature['descriptor_digest']}, but {DESCRIPTOR} hashes to "
-            f"{result.release_digest} (descriptor changed after signing, or another release's signature)"
+@dataclass
+class _Content:
+    result: Verification
+    envelope: dsse.Envelope | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.result.ok
+
+
+def verify(release_dir: Path, trusted: Sequence[Ed25519PublicKey], *, threshold: int = 1) -> Verification:
+    """Content (statement, artifacts, SBOM, tree) and at least ``threshold`` distinct trusted signers."""
+    distinct = {keys.public_hex(k) for k in trusted}
+    if threshold < 1:
+        raise UsageError("--threshold must be at least 1")
+    if threshold > len(distinct):
+        raise UsageError(
+            f"--threshold {threshold} needs at least {threshold} distinct trusted keys; {len(distinct)} given"
         )
-    elif not keys.signature_valid(public_key, result.release_digest, str(signature["signature"])):
-        supplied = keys.public_hex(public_key)
-        if signature["public_key"] != supplied:
-            result.problems.append(f"wrong key: signed by {signature['public_key']}, supplied {supplied}")
-        else:
-            result.problems.append(
-                "signature does not verify under the supplied key (altered or swapped signature)"
-            )
-    return result
-
-
-def verify_content(release_dir: Path, *, signed: bool) -> Verification:
-    """Everything but the signature: the descriptor, the artifact bytes, and no unlisted file."""
-    if not release_dir.is_dir():
-        raise UsageError(f"{release_dir} is not a release directory")
-    result = Verification(release_dir)
-    descriptor = _read_canonical(release_dir / DESCRIPTOR, result, "not a release")
-    if descriptor is None:
+    content = verify_content(release_dir)
+    result = content.result
+    result.threshold = threshold
+    if content.envelope is None:
         return result
     try:
-        result.release_digest = release_digest(descriptor)
-    except TypeError as exc:
-        result.problems.append(f"{DESCRIPTOR} is not canonical: {exc}")
+        result.signatures = dsse.check_signatures(content.envelope, trusted)
+    except Malformed as exc:
+        result.problems.append(str(exc))
         return result
-    result.problems += [f"{DESCRIPTOR}: {p}" for p in problems(descriptor)]
-    listed = _listed_artifacts(descriptor)
-    _check_tree(release_dir, listed, signed, result)
-    for name, artifact in sorted(listed.items()):
-        _check_artifact(release_dir / ARTIFACTS / name, artifact, result)
+    if not result.signatures:
+        result.problems.append(f"the release is not signed (no signature in {ENVELOPE})")
+    elif len(result.signers) < threshold:
+        seen = "; ".join(_describe(s) for s in result.signatures)
+        result.problems.append(
+            f"threshold not met: {len(result.signers)} of {threshold} required trusted keys signed ({seen})"
+        )
     return result
 
 
-def _listed_artifacts(descriptor: Any) -> dict[str, dict[str, Any]]:
+def _describe(check: dsse.SignatureCheck) -> str:
+    who = f"key {check.keyid[:16]}…"
+    if check.valid and not check.trusted:
+        return f"{who} valid, not a trusted key"
+    if check.trusted and not check.valid:
+        return (
+            f"{who} trusted, but the signature does not verify (the statement changed after signing, "
+            "or the signature was altered or copied from another release)"
+        )
+    if check.trusted:
+        return f"{who} trusted and valid"
+    return f"{who} invalid and not trusted"
+
+
+def verify_content(release_dir: Path) -> _Content:
+    """Everything but the signatures."""
+    if not release_dir.is_dir():
+        raise UsageError(f"{release_dir} is not a release directory")
+    if not (release_dir / ENVELOPE).exists() and all((release_dir / f).exists() for f in LEGACY_FILES):
+        raise UsageError(
+            f"{release_dir} is a legacy release (descriptor.json + signature.json, no attestation): verify it "
+            "with `release verify --legacy --key PUB`, or rebuild and re-sign it as an attestation "
+            "(`cacheon release build --spec … --out NEW` then `cacheon release sign NEW --key …`)"
+        )
+    result = Verification(release_dir)
+    try:
+        envelope, statement = _read_statement(release_dir / ENVELOPE)
+    except Malformed as exc:
+        result.problems.append(str(exc))
+        check_tree(release_dir, {ENVELOPE}, {}, result)
+        return _Content(result)
+    result.statement_digest = _sha256(envelope.body())
+    descriptor = statement.predicate
+    result.problems += [f"predicate: {p}" for p in problems(descriptor)]
+    listed = listed_artifacts(descriptor)
+    if not result.problems:
+        result.release_digest = release_digest(descriptor)
+        wanted = _subjects(descriptor["artifacts"])
+        if msgspec.to_builtins(statement.subject) != wanted:
+            result.problems.append("the statement's subjects are not the descriptor's artifacts (name and sha256 each)")
+    check_tree(release_dir, {ENVELOPE}, listed, result)
+    for name, artifact in sorted(listed.items()):
+        check_artifact(release_dir / ARTIFACTS / name, artifact, result)
+    if not result.problems:
+        result.problems += _sbom_problems(release_dir, descriptor)
+    return _Content(result, envelope)
+
+
+def _read_statement(path: Path) -> tuple[dsse.Envelope, Statement]:
+    envelope = decode_json(read_bounded(path, MAX_ENVELOPE_BYTES), dsse.Envelope, path.name, canonical=True)
+    if envelope.payload_type != PAYLOAD_TYPE:
+        raise Malformed(f"{path.name}: payload type {envelope.payload_type[:80]!r}, expected {PAYLOAD_TYPE!r}")
+    statement = decode_json(envelope.body(), Statement, "statement", canonical=True)
+    if statement.type != STATEMENT_TYPE:
+        raise Malformed(f"statement _type {statement.type[:80]!r}, expected {STATEMENT_TYPE!r}")
+    if statement.predicate_type != PREDICATE_TYPE:
+        raise Malformed(f"statement predicateType {statement.predicate_type[:80]!r}, expected {PREDICATE_TYPE!r}")
+    return envelope, statement
+
+
+def _sbom_problems(release_dir: Path, descriptor: dict[str, Any]) -> list[str]:
+    """The SBOM must be CycloneDX and agree with the runtime identity on every pinned package."""
+    try:
+        packages = sbom.read(release_dir / ARTIFACTS / str(descriptor["sbom"]))
+    except Malformed as exc:
+        return [str(exc)]
+    return sbom.identity_mismatches(packages, descriptor["runtime_identity"]["facts"])
+
+
+def listed_artifacts(descriptor: Any) -> dict[str, dict[str, Any]]:
     """Artifacts to check even when other fields are invalid; unsafe names are never opened."""
     artifacts = descriptor.get("artifacts") if isinstance(descriptor, dict) else None
     if not isinstance(artifacts, list):
@@ -247,28 +358,9 @@ def _listed_artifacts(descriptor: Any) -> dict[str, dict[str, Any]]:
     return {a["name"]: a for a in artifacts if isinstance(a, dict) and is_artifact_name(a.get("name"))}
 
 
-def _read_canonical(path: Path, result: Verification, if_missing: str) -> Any:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        result.problems.append(f"missing {path.name} ({if_missing})")
-        return None
-    try:
-        value = json.loads(raw)
-        canonical = canonical_json(value)
-    except (ValueError, TypeError) as exc:
-        result.problems.append(f"{path.name} is not canonical JSON: {exc}")
-        return None
-    if raw != canonical:
-        result.problems.append(f"{path.name} bytes are not its canonical form (the file was edited)")
-    return value
-
-
-def _check_tree(release_dir: Path, listed: dict[str, Any], signed: bool, result: Verification) -> None:
+def check_tree(release_dir: Path, expected_files: set[str], listed: dict[str, Any], result: Verification) -> None:
     """No symlinks, no unlisted files or directories, nothing missing."""
-    expected = {DESCRIPTOR, ARTIFACTS, *(f"{ARTIFACTS}/{name}" for name in listed)}
-    if signed:
-        expected.add(SIGNATURE)
+    expected = {*expected_files, ARTIFACTS, *(f"{ARTIFACTS}/{name}" for name in listed)}
     for root, dirs, files in os.walk(release_dir):
         for entry in sorted(dirs + files):
             path = Path(root) / entry
@@ -276,26 +368,29 @@ def _check_tree(release_dir: Path, listed: dict[str, Any], signed: bool, result:
             if path.is_symlink():
                 result.problems.append(f"{rel} is a symlink (releases hold plain files only)")
             elif rel not in expected:
-                result.problems.append(
-                    f"extra {'directory' if path.is_dir() else 'file'} {rel} not in the descriptor"
-                )
-    for rel in sorted(expected - {SIGNATURE}):
+                result.problems.append(f"extra {'directory' if path.is_dir() else 'file'} {rel} not in the descriptor")
+    for rel in sorted(expected - expected_files):
         if not (release_dir / rel).exists():
             result.problems.append(f"missing {rel}")
 
 
-def _check_artifact(path: Path, artifact: dict[str, Any], result: Verification) -> None:
+def check_artifact(path: Path, artifact: dict[str, Any], result: Verification) -> None:
+    """Size first (a file of the wrong size is never read), then every byte."""
     if not path.is_file() or path.is_symlink():
-        return  # reported by _check_tree
-    sha, size = hashlib.sha256(), 0
+        return  # reported by check_tree
+    name, size = artifact["name"], path.stat().st_size
+    if size != artifact.get("size"):
+        result.problems.append(f"artifact {name}: {size} bytes, the descriptor says {artifact.get('size')}")
+        return
+    sha = hashlib.sha256()
     with path.open("rb") as fh:
         while chunk := fh.read(1 << 20):
             sha.update(chunk)
-            size += len(chunk)
-    name = artifact["name"]
-    if size != artifact.get("size"):
-        result.problems.append(f"artifact {name}: {size} bytes, the descriptor says {artifact.get('size')}")
     if "sha256:" + sha.hexdigest() != artifact.get("sha256"):
         result.problems.append(
             f"artifact {name}: sha256:{sha.hexdigest()}, the descriptor says {artifact.get('sha256')}"
         )
+
+
+def _sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()

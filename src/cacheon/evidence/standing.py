@@ -1,7 +1,8 @@
 """What is proven for one exact identity.
 
 A claim is one (class, subject) pair; its standing is the latest record for it that nothing
-supersedes, under that identity only. Records of every other identity are kept apart so that a
+supersedes, under that identity only. It is read from a :class:`VerifiedLedger`, so a tampered
+ledger never has a standing. Records of every other identity are kept apart so that a
 caller can show them as "other identity" and never count them.
 """
 
@@ -10,8 +11,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from cacheon.evidence.chain import Record
 from cacheon.evidence.classes import EvidenceClass, Outcome
-from cacheon.evidence.ledger import Ledger, Record
+from cacheon.evidence.view import VerifiedLedger
 
 Claim = tuple[str, str]  # (evidence class, subject)
 
@@ -32,8 +34,9 @@ class Standing:
         return [r for (cls, _), r in sorted(self.current.items()) if cls == evidence_class.value]
 
 
-def standing(ledger: Ledger, identity: str, evidence_class: EvidenceClass | None = None) -> Standing:
-    mine, others = [], []
+def standing(ledger: VerifiedLedger, identity: str, evidence_class: EvidenceClass | None = None) -> Standing:
+    mine: list[Record] = []
+    others: list[Record] = []
     for record in ledger.records(evidence_class=evidence_class):
         (mine if record.identity_digest == identity else others).append(record)
     return Standing(identity=identity, current=current_claims(mine), history=mine, other_identity=others)
