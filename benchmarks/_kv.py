@@ -1,29 +1,32 @@
-"""Shared workload for the KV-event benchmarks: random block ids and a filled index."""
+"""The Cacheon side of the KV benchmarks' workloads (``_chains``): a filled index, answers, the cross-check."""
 
 from __future__ import annotations
 
-import numpy as np
+import sys
+
+from _chains import prompt_chains
 
 from cacheon.kv.index import BlockIndex
 
-CHAIN = 512  # blocks per prompt chain
 
-
-def random_ids(rng: np.random.Generator, n: int) -> list[int]:
-    return rng.integers(-(2**63), 2**63 - 1, size=n, dtype=np.int64).tolist()
-
-
-def fill(index: BlockIndex, workers: int, blocks: int, rng: np.random.Generator, keep: int = 0) -> list[list[int]]:
-    """Store ``blocks`` ids over ``workers`` as 512-block prompt chains; every fourth chain shares
-    its first half with the one before (a common system prompt). Returns the first ``keep``."""
+def fill(index: BlockIndex, workers: int, blocks: int, seed: int, keep: int = 0) -> list[list[int]]:
+    """Store ``blocks`` ids over ``workers`` as ``_chains.prompt_chains``; returns the first ``keep`` chains."""
     kept: list[list[int]] = []
-    previous: list[int] = []
-    for n in range(blocks // CHAIN):
-        chain = random_ids(rng, CHAIN)
-        if n % 4 == 3:
-            chain[: CHAIN // 2] = previous[: CHAIN // 2]
-        index.apply(("w", n % workers), [("store", chain)])
+    for worker, chain in prompt_chains(workers, blocks, seed):
+        index.apply(("w", worker), [("store", chain)])
         if len(kept) < keep:
             kept.append(chain)
-        previous = chain
     return kept
+
+
+def answers(found: dict) -> list[tuple[int, int]]:
+    """A ``longest_prefix`` answer as (worker, depth) pairs, the shape the peer reports."""
+    return sorted((source[1], depth) for source, depth in found.items())
+
+
+def crosscheck(what: str, ours: list[list[tuple[int, int]]], theirs: list[list[list[int]]]) -> int:
+    """Answers that differ between the indexes; prints the first few. Any difference is a failed benchmark."""
+    wrong = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != [tuple(x) for x in b]]
+    for i in wrong[:3]:
+        print(f"  {what} answer {i} differs: cacheon {ours[i]} dynamo {theirs[i]}", file=sys.stderr)
+    return len(wrong)

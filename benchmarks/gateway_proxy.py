@@ -1,19 +1,33 @@
 """Proxy overhead: latency, CPU and request rate through the gateway (rr) vs calling a sim worker directly.
 
-Same run, same simulated worker (zero delay), same request. Three baselines: the worker called
-directly; a bare TCP byte relay (uvloop, no HTTP parsing) in front of it, the cost of one more
-process hop on this machine; and a minimal forwarder on the gateway's own stack (a bare ASGI app
-under uvicorn posting with aiohttp, no routing, no checks), the floor of any proxy built on it.
-Goal: <= 1 ms added at p50.
+Same run, same simulated worker (zero delay), same request. Baselines: the worker called directly;
+a bare TCP byte relay (uvloop, no HTTP parsing) in front of it, the cost of one more process hop on
+this machine; a minimal forwarder on the gateway's own stack (a bare ASGI app under uvicorn posting
+with aiohttp, no routing, no checks), the floor of any proxy built on it; and the peer, SGLang's own
+router (PyPI ``sglang-router``, Rust; ``round_robin``; its own venv: benchmarks/peers/install.sh;
+``--no-peer`` leaves it out).
+
+Time-sliced: latencies are taken in ``--slices`` slices, each running every target in turn (the
+order rotating) for N / slices requests, and the 16-thread request rate in rounds of one second per
+target, so every target sees the same machine state; the p50 of each target's pooled samples.
+Goals: added p50 <= 1.5x sglang-router's, request rate >= 0.8x its (issue 13); <= 1 ms added.
+
+``--profile DIR``: afterwards, py-spy samples the gateway for ``--profile-s`` seconds under the
+16-thread load and writes DIR/gateway.txt (collapsed stacks with native frames: the event loop, the
+HTTP parser and the socket calls are C; summarise with benchmarks/pyspy_top.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import multiprocessing
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -23,12 +37,13 @@ from typing import Any
 import httpx
 import psutil
 import uvloop
+from _peers import ROOT, SglangRouter
 
 from cacheon.sim.launch import GatewayProcess, SimProcess, free_port, wait_until
-from cacheon.sim.tokenizer import write_profile
+from cacheon.sim.tokenizer import gateway_model, write_profile
 
 N = 600
-BODY = {"model": "demo", "prompt": "Routing by prefix keeps the KV cache hot.", "max_tokens": 4}
+PROMPT = {"prompt": "Routing by prefix keeps the KV cache hot.", "max_tokens": 4}
 
 
 def relay(port: int, upstream: int) -> None:
@@ -81,12 +96,12 @@ def forwarder(port: int, upstream: str) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
-def latencies(url: str) -> list[float]:
+def latencies(url: str, body: dict, n: int) -> list[float]:
     out = []
     with httpx.Client() as client:
-        for _ in range(N):
+        for _ in range(n):
             t0 = time.perf_counter()
-            client.post(f"{url}/v1/completions", json=BODY).raise_for_status()
+            client.post(f"{url}/v1/completions", json=body).raise_for_status()
             out.append(time.perf_counter() - t0)
     return out
 
@@ -96,26 +111,82 @@ def cpu_ms(pid: int) -> float:
     return (times.user + times.system) * 1e3
 
 
-def rate(url: str, threads: int = 16, seconds: float = 3.0) -> float:
+def rate(url: str, body: dict, threads: int = 16, seconds: float = 1.0) -> int:
+    """Requests completed by ``threads`` closed-loop clients in ``seconds``."""
     def loop(_: int) -> int:
         done, stop = 0, time.monotonic() + seconds
         with httpx.Client() as client:
             while time.monotonic() < stop:
-                client.post(f"{url}/v1/completions", json=BODY).raise_for_status()
+                client.post(f"{url}/v1/completions", json=body).raise_for_status()
                 done += 1
         return done
 
     with ThreadPoolExecutor(threads) as pool:
-        return sum(pool.map(loop, range(threads))) / seconds
+        return sum(pool.map(loop, range(threads)))
+
+
+def sliced(targets: dict[str, tuple[str, int]], body: dict, slices: int, rounds: int
+           ) -> tuple[dict[str, list[float]], dict[str, float], dict[str, float]]:
+    """Latencies, CPU ms per request and request rate of every target, measured in interleaved slices."""
+    names = list(targets)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    cpu = dict.fromkeys(names, 0.0)
+    for k in range(slices):
+        for name in names[k % len(names):] + names[: k % len(names)]:
+            url, pid = targets[name]
+            before = cpu_ms(pid)
+            samples[name] += latencies(url, body, N // slices)
+            cpu[name] += cpu_ms(pid) - before
+    done = dict.fromkeys(names, 0)
+    for k in range(rounds):
+        for name in names[k % len(names):] + names[: k % len(names)]:
+            done[name] += rate(targets[name][0], body)
+    return samples, {n: cpu[n] / len(samples[n]) for n in names}, {n: done[n] / rounds for n in names}
+
+
+def profiled(url: str, body: dict, pid: int, seconds: float, out: Path) -> None:
+    """py-spy's collapsed stacks of ``pid`` while 16 clients load ``url``."""
+    spy = Path(os.environ.get("PY_SPY", Path(sys.executable).with_name("py-spy")))
+    if not spy.exists():
+        raise SystemExit(f"--profile needs py-spy ({spy}): .venv/bin/pip install py-spy")
+    out.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+
+    def load() -> None:
+        while not stop.is_set():
+            rate(url, body)
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    try:
+        spied = subprocess.run([str(spy), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "250",
+                        "--format", "raw", "--output", str(out / "gateway.txt"), "--native"],
+                               capture_output=True, text=True)
+    finally:
+        stop.set()
+        thread.join()
+    if spied.returncode != 0:
+        raise SystemExit(f"py-spy failed: {spied.stderr.strip()[-2000:]}")
+    print(f"profile: {out / 'gateway.txt'} (python benchmarks/pyspy_top.py {out / 'gateway.txt'})")
 
 
 def main() -> None:
-    os.environ.setdefault("SGLANG_RELEASES_DIR", str(Path(__file__).resolve().parents[1] / ".sglang"))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--slices", type=int, default=12, help="latency slices per target (N=600 requests each)")
+    parser.add_argument("--rounds", type=int, default=5, help="one-second 16-thread rate rounds per target")
+    parser.add_argument("--no-peer", action="store_true", help="leave sglang-router out")
+    parser.add_argument("--profile", type=Path, metavar="DIR", help="then profile the gateway with py-spy into DIR")
+    parser.add_argument("--profile-s", type=float, default=20.0)
+    args = parser.parse_args()
+    releases = Path(os.environ.get("SGLANG_RELEASES_DIR", ROOT / ".sglang"))
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         profile = write_profile(Path(tmp) / "tok")
-        sim = SimProcess(stack, Path(tmp), profile, "0.5.13.post1")
+        model = str(profile[0].parent)  # a local model path: sglang-router loads its tokenizer from there
+        body = {"model": model, **PROMPT}
+        sim = SimProcess(stack, Path(tmp), profile, "0.5.13.post1", model=model, releases=releases)
         sim.ready()
-        gw = GatewayProcess(stack, Path(tmp), profile, "rr", [{"url": sim.url}], health_interval_s=30)
+        gw = GatewayProcess(stack, Path(tmp), profile, "rr", [{"url": sim.url}], health_interval_s=30,
+                            models={model: gateway_model(*profile)})
         spawn = multiprocessing.get_context("spawn")
         ports = {"relay": free_port(), "forwarder": free_port()}
         procs = {"relay": spawn.Process(target=relay, args=(ports["relay"], sim.port), daemon=True),
@@ -126,21 +197,31 @@ def main() -> None:
             stack.callback(proc.terminate)
             url = f"http://127.0.0.1:{ports[name]}"
             wait_until(lambda url=url: httpx.get(f"{url}/health", timeout=2).status_code == 200, name)
-            targets[name] = (url, proc.pid)
+            targets[name] = (url, proc.pid or 0)
         targets["gateway"] = (gw.url, gw.proc.pid)
+        if not args.no_peer:
+            peer = SglangRouter(stack, Path(tmp), [sim.url], "round_robin")
+            targets["sglang-router"] = (peer.url, peer.proc.pid)
         for url, _pid in targets.values():
-            latencies(url)  # warm
-        p50, cpu = {}, {}
-        for name, (url, pid) in targets.items():
-            before = cpu_ms(pid or 0)
-            p50[name] = statistics.median(latencies(url)) * 1e3
-            cpu[name] = (cpu_ms(pid or 0) - before) / N
-        print(f"{'':<10} {'p50':>8} {'added':>8} {'CPU/request':>12} {'max rate':>10}")
-        rates = {name: rate(url) for name, (url, _pid) in targets.items()}
+            latencies(url, body, 100)  # warm
+        print(f"load average {os.getloadavg()[0]:.1f}; {N} requests per target in {args.slices} slices, "
+              f"rate: 16 threads, {args.rounds} x 1 s rounds per target")
+        samples, cpu, rates = sliced(targets, body, args.slices, args.rounds)
+        p50 = {name: statistics.median(xs) * 1e3 for name, xs in samples.items()}
+        print(f"{'':<14} {'p50':>8} {'added':>8} {'CPU/request':>12} {'max rate':>10}")
         for name in targets:
-            print(f"{name:<10} {p50[name]:>6.2f}ms {p50[name] - p50['direct']:>+6.2f}ms {cpu[name]:>10.2f}ms "
+            print(f"{name:<14} {p50[name]:>6.2f}ms {p50[name] - p50['direct']:>+6.2f}ms {cpu[name]:>10.2f}ms "
                   f"{rates[name]:>6.0f}/s")
-        print(f"goal: gateway adds <= 1 ms at p50: {p50['gateway'] - p50['direct'] <= 1}")
+        added = p50["gateway"] - p50["direct"]
+        print(f"goal: gateway adds <= 1 ms at p50: {added <= 1}")
+        if "sglang-router" in targets:
+            peer_added = p50["sglang-router"] - p50["direct"]
+            print(f"vs sglang-router rr: added p50 {added:.2f} / {peer_added:.2f} ms = {added / peer_added:.2f}x "
+                  f"(goal <= 1.5x: {added <= 1.5 * peer_added}); rate {rates['gateway'] / rates['sglang-router']:.2f}x "
+                  f"(goal >= 0.8x: {rates['gateway'] >= 0.8 * rates['sglang-router']}); "
+                  f"load average {os.getloadavg()[0]:.1f}")
+        if args.profile:
+            profiled(gw.url, body, gw.proc.pid, args.profile_s, args.profile)
 
 
 if __name__ == "__main__":

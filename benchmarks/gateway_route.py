@@ -4,10 +4,17 @@ cold: the prompt is seen for the first time (window, stem and chain caches empti
 warm: multi-turn chat; the previous turn was routed, now its answer and one new user message are appended.
 baseline, in the same run: tokenizing the same prompt alone, uncached (a cost any tokenizing router pays).
 Goal: p99 <= 2 ms at 8k tokens.
+
+    python benchmarks/gateway_route.py [--tokens 8192] [--page 1] [--phases warm]
+
+``--tokens``/``--page`` keep one row, ``--phases`` some phases (a phase left out prints as -): e.g. to
+profile only the warm 8k-token page-1 decision, ``py-spy record -o out.txt --format raw -- python
+benchmarks/gateway_route.py --tokens 8192 --page 1 --phases warm``.
 """
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from collections.abc import Callable
@@ -77,7 +84,7 @@ def cold(profile: TokenizerProfile) -> None:
     CHAINS.clear()
 
 
-def row(profile: TokenizerProfile, target: int, page: int) -> str:
+def row(profile: TokenizerProfile, target: int, page: int, phases: set[str]) -> str:
     base = history(profile, target)
     policy, workers = pool(profile, base, page)
     # Warm run r: base + a question routed before (untimed), then its answer and a new question (timed).
@@ -87,17 +94,39 @@ def row(profile: TokenizerProfile, target: int, page: int) -> str:
         turn[:] = [*base, message("user", "Question", r), message("assistant", "Answer", r)]
         policy.choose(workers, profile.encode_chat(turn[:-1]))
 
-    route_cold = timed(lambda r: policy.choose(workers, profile.encode_chat(base)), lambda r: cold(profile))
-    route_warm = timed(lambda r: policy.choose(workers, profile.encode_chat([*turn, message("user", "Next", r)])), ask,
-                       WARM_RUNS)
+    # Named, so that a profile can select one phase's timed calls (pyspy_top.py --under route_warm).
+    def route_cold(r: int) -> None:
+        policy.choose(workers, profile.encode_chat(base))
+
+    def route_warm(r: int) -> None:
+        policy.choose(workers, profile.encode_chat([*turn, message("user", "Next", r)]))
+
+    def tokenize_alone(r: int) -> None:
+        profile.tokenizer.encode(text, add_special_tokens=False)
+
     text = profile.render_chat(base)
-    alone = timed(lambda r: profile.tokenizer.encode(text, add_special_tokens=False), lambda r: None)
+    runs = {
+        "cold": lambda: timed(route_cold, lambda r: cold(profile)),
+        "warm": lambda: timed(route_warm, ask, WARM_RUNS),
+        "base": lambda: timed(tokenize_alone, lambda r: None),
+    }
     tokens = len(profile.encode_chat(base))
-    cells = [pct(xs, q) for xs in (route_cold, route_warm, alone) for q in (0.5, 0.99)]
-    return f"{tokens:>6} {page:>4} " + " ".join(f"{c:>8.2f}ms" for c in cells)
+    cells = []
+    for phase, run in runs.items():
+        xs = run() if phase in phases else None
+        cells += [f"{pct(xs, q):>8.2f}ms" if xs else f"{'-':>10}" for q in (0.5, 0.99)]
+    return f"{tokens:>6} {page:>4} " + " ".join(cells)
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, choices=(1024, 8192), help="only this prompt size")
+    parser.add_argument("--page", type=int, choices=(16, 1), help="only this page size")
+    parser.add_argument("--phases", default="cold,warm,base", help="comma-separated: %(default)s")
+    args = parser.parse_args()
+    phases = set(args.phases.split(","))
+    if not phases <= {"cold", "warm", "base"}:
+        raise SystemExit(f"--phases: unknown {', '.join(sorted(phases - {'cold', 'warm', 'base'}))}")
     with tempfile.TemporaryDirectory() as tmp:
         tok, template = write_profile(Path(tmp))
         profile = TokenizerProfile(TokenizerSpec(tok, template, bos_token="<s>", eos_token="</s>"))
@@ -106,9 +135,9 @@ def main() -> None:
           " route = tokenize + hash chain + index lookup + pick")
     heads = ["cold p50", "cold p99", "warm p50", "warm p99", "base p50", "base p99"]
     print(f"{'tokens':>6} {'page':>4} " + " ".join(f"{h:>10}" for h in heads))
-    for target in (1024, 8192):
-        for page in (16, 1):
-            print(row(profile, target, page), flush=True)
+    for target in [args.tokens] if args.tokens else (1024, 8192):
+        for page in [args.page] if args.page else (16, 1):
+            print(row(profile, target, page, phases), flush=True)
 
 
 if __name__ == "__main__":

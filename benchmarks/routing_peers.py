@@ -1,0 +1,270 @@
+"""Routing side by side: SGLang's own router and Cacheon's gateway over the same simulated workers and traces.
+
+For each trace (``_traces``: chat, system, forks, burst) and each router, fresh simulated SGLang
+workers (cold caches, page 4 by default) are started, the router goes in front of them, and the
+trace is replayed through it in turn-synchronised waves with streamed requests. Routers:
+``sglang:cache_aware`` and ``sglang:round_robin`` (PyPI ``sglang-router``, its own venv:
+benchmarks/peers/install.sh; it routes by an approximate tree of request text), and Cacheon's
+``rr``, ``approx`` (a tree of token prefixes it routed) and ``exact`` (the workers' KV events).
+
+Per router and trace:
+- hit rate: cached / prompt tokens, as the workers report them in each response's usage (the
+  engine's own count, not the router's belief);
+- TTFT p50 / p99: time to the first content chunk, measured by the client;
+- max/mean load: requests served per worker (each worker's own counter, ``/sim/stats``), max over mean;
+- throughput: requests per second over the replay's wall time.
+Every router must send the same prompts (checked), so only placement differs. ``--runs N`` repeats
+every (trace, router) pair N times, interleaved, and prints ranges (min-max over runs).
+
+TTFT needs an honest time model in the simulator: prefill time proportional to the uncached prompt
+tokens, decode time per output token, bounded concurrent sequences with a queue. Today's simulator
+sleeps a flat ``--delay-ms`` per request, spread evenly over the output tokens, whatever was cached:
+its TTFT is delay / max_tokens plus the stack, blind to routing quality. It is reported, labelled so.
+``--sim-arg`` passes flags through to every ``cacheon sim worker`` (for the time model's knobs).
+
+    python benchmarks/routing_peers.py [--traces chat,system] [--routers sglang:cache_aware,exact] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+from _peers import ROOT, SglangRouter, failed
+from _traces import TRACES, Message, Trace
+
+from cacheon.sim.launch import GatewayProcess, SimProcess
+from cacheon.sim.tokenizer import gateway_model, write_profile
+
+ROUTERS = ("sglang:cache_aware", "sglang:round_robin", "rr", "approx", "exact")
+VERSION = "0.5.13.post1"
+TIME_MODEL = ("TTFT: today's simulator sleeps a flat delay per request spread over its output tokens, "
+              "with no prefill cost and no concurrency bound: TTFT does not reflect cache hits or load yet")
+
+
+@dataclass(frozen=True)
+class Request:
+    wave: int
+    session: int
+    prompt: str  # digest of the messages sent
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    latency_s: float
+    worker: str | None  # the upstream Cacheon names (x-cacheon-worker); the peer names none
+    route: str | None  # Cacheon's decision and its reason (x-cacheon-route)
+
+
+@dataclass(frozen=True)
+class Result:
+    trace: str
+    router: str
+    hit_rate: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    load_max_mean: float
+    load: list[int]
+    requests_per_s: float
+    requests: int
+    routes: dict[str, int]  # Cacheon's decision reasons; empty for the peer
+    probes: int  # requests the workers served beyond the trace's: Cacheon's (re-)attestation challenges
+
+
+def pct(xs: Sequence[float], q: float) -> float:
+    ordered = sorted(xs)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def stream(client: httpx.Client, url: str, model: str, messages: list[Message], max_tokens: int
+           ) -> tuple[str, dict, float, float, httpx.Headers]:
+    """One streamed chat completion: its text, usage, time to the first content chunk, total time, headers."""
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}}
+    start, first, usage, text = time.perf_counter(), None, None, []
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices", []):
+                if content := choice.get("delta", {}).get("content"):
+                    first = first or time.perf_counter()
+                    text.append(content)
+    end = time.perf_counter()
+    if usage is None or first is None:
+        raise SystemExit(f"a streamed response from {url} had no usage or no content")
+    return "".join(text), usage, first - start, end - start, r.headers
+
+
+def replay(url: str, model: str, trace: Trace, max_tokens: int) -> tuple[list[Request], float]:
+    """The trace's waves through ``url``; every request, and the replay's wall time."""
+    history: dict[int, list[Message]] = {}
+    done: list[Request] = []
+    widest = max(len(trace.active(w)) for w in range(trace.waves))
+    with httpx.Client(timeout=120, limits=httpx.Limits(max_connections=widest)) as client, \
+            ThreadPoolExecutor(widest) as pool:
+
+        def send(wave: int, i: int) -> tuple[Request, list[Message]]:
+            session = trace.sessions[i]
+            turn = wave - session.start
+            messages = list(session.opening) if turn == 0 else [
+                *history[i], {"role": "user", "content": session.follow_ups[turn - 1]}]
+            reply, usage, ttft, latency, headers = stream(client, url, model, messages, max_tokens)
+            digest = hashlib.sha256(json.dumps(messages).encode()).hexdigest()[:16]
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+            return (Request(wave, i, digest, usage["prompt_tokens"], cached, ttft, latency,
+                            headers.get("x-cacheon-worker"), headers.get("x-cacheon-route")),
+                    [*messages, {"role": "assistant", "content": reply}])
+
+        start = time.perf_counter()
+        for wave in range(trace.waves):
+            for request, messages in pool.map(lambda i, wave=wave: send(wave, i), trace.active(wave)):
+                history[request.session] = messages
+                done.append(request)
+        return done, time.perf_counter() - start
+
+
+def run_one(trace: Trace, router: str, args: argparse.Namespace, tmp: Path, profile: tuple[Path, Path]
+            ) -> tuple[Result, list[Request]]:
+    model = str(profile[0].parent)  # sglang-router loads the tokenizer from the model path: keep it local
+    extra = {"extra_args": args.sim_arg} if args.sim_arg else {}
+    releases = Path(os.environ.get("SGLANG_RELEASES_DIR", ROOT / ".sglang"))
+    with ExitStack() as stack:
+        sims = [SimProcess(stack, tmp, profile, VERSION, page_size=args.page, capacity_tokens=args.capacity_tokens,
+                    delay_ms=args.delay_ms, model=model, releases=releases, **extra) for _ in range(args.workers)]
+        for sim in sims:
+            sim.ready()
+        urls = [sim.url for sim in sims]
+        if router.startswith("sglang:"):
+            url = SglangRouter(stack, tmp, urls, router.split(":", 1)[1], args.router_arg).url
+        else:
+            gw = GatewayProcess(stack, tmp, profile, router, [{"url": u} for u in urls],
+                         models={model: gateway_model(*profile)})
+            if router == "exact":
+                states = {u: w["ladder"] for u, w in gw.settled(urls).items()}
+                fenced = {u: s["reason"] for u, s in states.items() if s["state"] != "READY"}
+                if fenced:
+                    raise SystemExit(f"exact: workers not attested, it would not route by prefix: {fenced}")
+            url = gw.url
+        before = [sim.stats()["completed"] for sim in sims]
+        requests, wall = replay(url, model, trace, args.max_tokens)
+        served = [sim.stats()["completed"] - b for sim, b in zip(sims, before, strict=True)]
+    # The workers' own counters; Cacheon's gateway also sends its attestation probes (re-attestation
+    # may run during a replay), so for it the response headers say which worker served each request,
+    # and every worker must have served at least that many.
+    load = served
+    if not router.startswith("sglang:"):
+        named = Counter(r.worker for r in requests)
+        load = [named.get(u, 0) for u in urls]
+        if sum(load) != len(requests) or any(h > c for h, c in zip(load, served, strict=True)):
+            failed(f"{router} on {trace.name}: headers name {load}, the workers counted {served}")
+    elif sum(load) != len(requests):
+        failed(f"{router} on {trace.name}: workers served {sum(load)} requests for {len(requests)} sent")
+    ttft = [r.ttft_s * 1e3 for r in requests]
+    result = Result(trace.name, router, sum(r.cached_tokens for r in requests) / sum(r.prompt_tokens for r in requests),
+                    pct(ttft, 0.5), pct(ttft, 0.99), max(load) / statistics.mean(load), load, len(requests) / wall,
+                    len(requests), dict(Counter(r.route for r in requests if r.route)), sum(served) - len(requests))
+    return result, requests
+
+
+def span(values: list[float], fmt: str) -> str:
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{lo:{fmt}}-{hi:{fmt}}"
+
+
+def report(results: list[Result], routers: list[str], traces: list[str]) -> None:
+    print(f"{'trace':<7} {'router':<19}{'hit rate':>13}{'TTFT p50 ms':>14}{'TTFT p99 ms':>14}"
+          f"{'max/mean':>12}{'req/s':>12}")
+    for trace in traces:
+        for router in routers:
+            rs = [r for r in results if r.trace == trace and r.router == router]
+            print(f"{trace:<7} {router:<19}{span([r.hit_rate for r in rs], '.3f'):>13}"
+                  f"{span([r.ttft_p50_ms for r in rs], '.1f'):>14}{span([r.ttft_p99_ms for r in rs], '.1f'):>14}"
+                  f"{span([r.load_max_mean for r in rs], '.2f'):>12}{span([r.requests_per_s for r in rs], '.0f'):>12}")
+        goals(results, trace)
+
+
+def goals(results: list[Result], trace: str) -> None:
+    """The issue's goals for exact against cache_aware, on this trace (worst run of exact, best of the peer)."""
+    exact = [r for r in results if r.trace == trace and r.router == "exact"]
+    peer = [r for r in results if r.trace == trace and r.router == "sglang:cache_aware"]
+    if not exact or not peer:
+        return
+    hit = min(r.hit_rate for r in exact) >= max(r.hit_rate for r in peer)
+    spread = max(r.load_max_mean for r in exact) <= 1.25
+    ttft = max(r.ttft_p99_ms for r in exact) <= 0.8 * min(r.ttft_p99_ms for r in peer)
+    print(f"        goals: exact hit rate >= cache_aware's {hit}; exact max/mean <= 1.25 {spread}; "
+          f"exact TTFT p99 <= 0.8 x cache_aware's {ttft} (not meaningful until the simulator's time model is)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[1:]))
+    parser.add_argument("--traces", default=",".join(TRACES), help="comma-separated: %(default)s")
+    parser.add_argument("--routers", default=",".join(ROUTERS), help="comma-separated: %(default)s")
+    parser.add_argument("--runs", type=int, default=1, help="runs of every (trace, router), interleaved")
+    parser.add_argument("--seed", type=int, default=0, help="the traces' seed")
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--page", type=int, default=4, help="the workers' page size")
+    parser.add_argument("--capacity-tokens", type=int, default=1 << 16, help="each worker's prefix-cache capacity")
+    parser.add_argument("--delay-ms", type=int, default=200, help="the simulator's time per request (today's model)")
+    parser.add_argument("--max-tokens", type=int, default=16, help="output tokens per request")
+    parser.add_argument("--sim-arg", action="append", default=[], metavar="ARG",
+                        help="pass ARG to every `cacheon sim worker` (repeat; e.g. the time model's knobs)")
+    parser.add_argument("--router-arg", action="append", default=[], metavar="ARG",
+                        help="pass ARG to every sglang-router (repeat; e.g. --router-arg=--balance-abs-threshold=8)")
+    parser.add_argument("--json", action="store_true", help="print every run's result as JSON lines too")
+    args = parser.parse_args()
+    traces, routers = args.traces.split(","), args.routers.split(",")
+    unknown = sorted(set(traces) - set(TRACES)) + sorted(set(routers) - set(ROUTERS))
+    if unknown or args.runs < 1 or args.workers < 1:
+        raise SystemExit(f"unknown trace or router: {', '.join(unknown)}" if unknown else "need --runs, --workers >= 1")
+    if args.sim_arg and "extra_args" not in inspect.signature(SimProcess).parameters:
+        raise SystemExit("--sim-arg: this checkout's cacheon.sim.launch.SimProcess passes no extra worker flags yet")
+    print(f"{args.workers} workers, page {args.page}, {args.capacity_tokens} cached tokens each, "
+          f"{args.delay_ms} ms per request, {args.max_tokens} output tokens, seed {args.seed}, {args.runs} run(s); "
+          f"load = requests per worker; load average {os.getloadavg()[0]:.1f}")
+    print(TIME_MODEL, flush=True)
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="cacheon-routing-") as tmp:
+        profile = write_profile(Path(tmp) / "tok")
+        for name in traces:
+            trace = TRACES[name](args.seed)
+            prompts: list[str] | None = None
+            for run in range(args.runs):
+                for router in routers:
+                    result, requests = run_one(trace, router, args, Path(tmp), profile)
+                    sent = sorted(f"{r.wave}/{r.session}/{r.prompt}" for r in requests)
+                    if prompts is not None and sent != prompts:
+                        failed(f"{router} sent other prompts than the routers before it on {name}")
+                    prompts = sent
+                    results.append(result)
+                    print(f"  {name} run {run + 1} {router}: hit {result.hit_rate:.3f}, "
+                          f"TTFT p50 {result.ttft_p50_ms:.1f} ms, max/mean {result.load_max_mean:.2f}, "
+                          f"{result.requests_per_s:.0f} req/s (load average {os.getloadavg()[0]:.1f})"
+                          + "".join(f"; {k} {v}" for k, v in sorted(result.routes.items()))
+                          + (f"; {result.probes} attestation probe(s) during the replay: a worker was re-attested, "
+                             "fenced meanwhile" if result.probes else ""), flush=True)
+                    if args.json:
+                        print(json.dumps(asdict(result)))
+    report(results, routers, traces)
+
+
+if __name__ == "__main__":
+    main()
