@@ -10,8 +10,14 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from cacheon.cli import COMMANDS, build_parser
+from cacheon.evidence.ledger import open_verified_ledger
+from cacheon.evidence.state import state_of_record
+
+#: the project's own ledger of record (``scripts/record_state.sh`` appends to it)
+RECORDS = Path(__file__).resolve().parents[2] / "records" / "ledger.sqlite3"
 
 MARKER = re.compile(r"<!-- generated: ([a-z-]+) -->")
 
@@ -67,7 +73,14 @@ def cli_reference() -> str:
     return "\n".join(lines)
 
 
-GENERATORS: dict[str, Callable[[], str]] = {"cli": cli_reference}
+def state_of_record_page() -> str:
+    """The committed ledger, verified first: a broken chain fails the build instead of being shown."""
+    if not RECORDS.exists():
+        return "No ledger of record is committed yet (`scripts/record_state.sh` makes one): nothing is proven.\n"
+    return state_of_record(open_verified_ledger(RECORDS)).to_markdown()
+
+
+GENERATORS: dict[str, Callable[[], str]] = {"cli": cli_reference, "state-of-record": state_of_record_page}
 
 
 def on_page_markdown(markdown: str, **_: object) -> str:

@@ -91,7 +91,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     migrate.set_defaults(handler=run_migrate)
 
-    for action in (listing, show, correct, verify, sign, migrate):
+    state = actions.add_parser(
+        "state",
+        help="the state of record: every identity's current claims and pin-bump gates (Markdown)",
+        description="What the documentation site's State of record page shows, from a verified ledger: per "
+        "exact runtime identity, the current record of every claim and what each pin-bump gate still needs.",
+    )
+    state.set_defaults(handler=run_state)
+
+    for action in (listing, show, correct, verify, sign, migrate, state):
         action.add_argument(
             "--ledger", metavar="PATH", help="ledger file (default: $CACHEON_LEDGER, else data dir)"
         )
@@ -290,6 +298,17 @@ def run_migrate(args: argparse.Namespace) -> int:
         chained = origin.get("records", 0) if origin.get("kind") == "migrated" else 0
         head = check.head.seq if check.head else 0
         print(f"ledger {path} is chained (head #{head}); records chained by migration: {chained}")
+    return 0
+
+
+def run_state(args: argparse.Namespace) -> int:
+    from cacheon.evidence.state import state_of_record
+
+    record = state_of_record(open_verified_ledger(args.ledger))
+    if args.json:
+        print_json(record.to_json())
+    else:
+        print(record.to_markdown(), end="")
     return 0
 
 
