@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import threading
 import tracemalloc
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from cacheon.kv.contracts import CONTRACTS, for_version
 from cacheon.kv.feed import Feed
 from cacheon.kv.index import BlockIndex
-from cacheon.kv.replay import END_SEQ, Replayed, ReplayClient, ReplayStatus
+from cacheon.kv.replay import END_SEQ, ReplayClient, Replayed, ReplayStatus
 from cacheon.kv.sequencer import Continuity, Sequencer
 from cacheon.kv.wire import DECODE_ERROR, OUT_OF_BOUNDS, WireBounds, WireDecoder, WireReject
 
@@ -127,8 +128,6 @@ def test_a_router_repeating_itself_cannot_grow_a_replay() -> None:
     port = router.bind_to_random_port("tcp://127.0.0.1")
     client = ReplayClient(ctx, f"tcp://127.0.0.1:{port}", for_version(PIN).replay_framing, b"", timeout_s=5)
     try:
-        import threading
-
         def answer() -> None:
             ident, _, _start = router.recv_multipart()
             for _ in range(5000):
