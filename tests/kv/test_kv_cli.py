@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 import zmq
 
@@ -127,3 +128,30 @@ def test_listen_classifies_without_a_contract() -> None:
 def test_listen_times_out(cli) -> None:
     out = cli("kv", "listen", "tcp://127.0.0.1:9", "--contract", "sglang-kv-rank-v1", "--timeout", "0.5")
     assert out.returncode == 1 and "timed out with 0 of 1" in out.stderr
+
+
+def test_listen_survives_hostile_frames() -> None:
+    """Frames no publisher sends: deep nesting, a NaN timestamp, an absurd page size, bad framing."""
+    hostile = [b"\x91" * 200_000 + b"\xc0", msgspec.msgpack.encode([float("nan"), [], 0]),
+               msgspec.msgpack.encode([1.0, [["BlockStored", [1], None, [5], 1 << 40, None, "GPU"]], 0])]
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    proc = subprocess.Popen([sys.executable, "-m", "cacheon.cli", "kv", "listen", f"tcp://127.0.0.1:{port}",
+                             "--sglang-version", "0.5.13.post1", "--count", "4", "--json", "--timeout", "60"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seq, deadline = 0, time.monotonic() + 90
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            pub.send_multipart([b"", seq.to_bytes(8, "big"), hostile[seq % 3]])
+            pub.send_multipart([b"", b"short-seq", b"x"])  # not [topic, u64 seq, payload]
+            seq += 1
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        pub.close(linger=0)
+        ctx.term()
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    reasons = {json.loads(line)["reject"] for line in out.splitlines()}
+    assert reasons <= {"decode_error", "out_of_bounds"} and len(out.splitlines()) == 4, out

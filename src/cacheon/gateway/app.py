@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -240,8 +241,9 @@ class GatewayServer:
                 site = web.TCPSite(runner, host, port, reuse_address=True)
                 try:
                     await site.start()
-                except OSError as exc:
-                    raise UsageError(f"{key} {listen}: {exc.strerror or exc}") from None
+                except OSError as exc:  # asyncio's message repeats the address: the errno's text is enough
+                    why = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+                    raise UsageError(f"{key} {listen}: {why}") from None
                 self.addresses[key] = f"{host}:{runner.addresses[-1][1]}"  # port 0: the one picked
             await self.gw.start()
         except BaseException:
