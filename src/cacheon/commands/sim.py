@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +18,8 @@ if TYPE_CHECKING:
     from cacheon.tokens.profile import TokenizerProfile
 
 DEFAULT_MODEL = "sim-model"
+RELEASES_HELP = ("where the SGLang releases are unpacked (default: $SGLANG_RELEASES_DIR, else ./.sglang in a "
+                 "checkout, else ~/.cache/cacheon/sglang-releases)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--kv-port", type=int, required=True, help="KV-event PUB port of DP rank 0 (rank r: +r)")
     w.add_argument("--kv-replay-port", type=int, help="replay ROUTER port of rank 0 (rank r: +r)")
     w.add_argument("--sglang-version", required=True, help="the release whose wire (and publisher code) to use")
-    w.add_argument("--releases-dir", type=Path, default=Path(os.environ.get("SGLANG_RELEASES_DIR", ".sglang")))
+    w.add_argument("--releases-dir", type=Path, help=RELEASES_HELP)
     w.add_argument("--page-size", type=int, default=1)
     w.add_argument("--dp-size", type=int, default=1)
     w.add_argument("--capacity-tokens", type=int, default=1 << 16)
@@ -51,6 +52,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--delay-ms", type=float, default=0.0, help="simulated time per request")
     w.add_argument("--fault", help="lie in one way: " + ", ".join(_faults()))
     w.set_defaults(handler=_worker)
+    ins = sim.add_parser("install-releases", help="unpack SGLang releases' wheels for the simulator's publishers",
+                         description="Unpack each VERSION's sglang wheel (alone, no dependencies: the simulator "
+                         "loads only its KV-event publisher) into the releases directory. Idempotent.")
+    ins.add_argument("versions", nargs="*", metavar="VERSION", help="default: every release with a wire contract")
+    ins.add_argument("--releases-dir", type=Path, help=RELEASES_HELP)
+    ins.set_defaults(handler=_install)
     pr = sim.add_parser("profile", help="write the built-in tokenizer profile and print its gateway config (YAML)",
                         description="Writes the simulated worker's built-in tokenizer.json and template.jinja "
                         "(byte-identical in every process) and prints the models entry a gateway config needs "
@@ -58,6 +65,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--out", type=Path, required=True, help="directory for tokenizer.json and template.jinja")
     pr.add_argument("--model", default=DEFAULT_MODEL, help="model name the workers serve (default: %(default)s)")
     pr.set_defaults(handler=_profile)
+
+
+def _install(args: argparse.Namespace) -> int:
+    from cacheon.kv.contracts import INTEROP_RELEASES, for_version
+    from cacheon.sim.releases import default_dir, install
+
+    root = args.releases_dir or default_dir()
+    for version in args.versions or INTEROP_RELEASES:
+        for_version(version)  # only releases with a known wire
+        print(f"SGLang {version}: {install(root, version)}", flush=True)
+    return 0
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -115,7 +133,9 @@ def _worker(args: argparse.Namespace) -> int:
         from cacheon.sim.radix import SglangPrefixCache
 
         cache = SglangPrefixCache
-    kv = load_release_kv_events(args.releases_dir, args.sglang_version)
+    from cacheon.sim.releases import default_dir
+
+    kv = load_release_kv_events(args.releases_dir or default_dir(), args.sglang_version)
     publishers = RankPublishers(kv, args.sglang_version, settings.kv_events_config, args.dp_size)
     try:
         sim = SimWorker(settings, profile, publishers, cache)

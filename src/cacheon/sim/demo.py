@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from cacheon.sim.launch import GatewayProcess, SimProcess
+from cacheon.sim.launch import RELEASES, GatewayProcess, SimProcess
 from cacheon.sim.tokenizer import CORPUS, write_profile
 
 Messages = list[dict[str, str]]
@@ -151,10 +151,10 @@ def replay(url: str | list[str], sessions: list[Session], max_tokens: int = 16, 
 
 
 def run(policy: str, workers: int, version: str, sessions: list[Session], tmp: Path, profile: tuple[Path, Path],
-        page_size: int, capacity_tokens: int, delay_ms: int) -> Outcome:
+        page_size: int, capacity_tokens: int, delay_ms: int, releases: Path = RELEASES) -> Outcome:
     with ExitStack() as stack:
         sims = [SimProcess(stack, tmp, profile, version, page_size=page_size, capacity_tokens=capacity_tokens,
-                    delay_ms=delay_ms)
+                    delay_ms=delay_ms, releases=releases)
                 for _ in range(workers)]
         for s in sims:
             s.ready()
@@ -171,9 +171,10 @@ def run(policy: str, workers: int, version: str, sessions: list[Session], tmp: P
 
 def demo(workers: int, sessions: int, turns: int, version: str, page_size: int, capacity_tokens: int,
          delay_ms: int = 50, policies: tuple[str, ...] = ("rr", "approx", "exact"),
-         arrivals: int = 0) -> list[Outcome]:
+         arrivals: int = 0, releases: Path = RELEASES) -> list[Outcome]:
     workload = conversations(sessions, turns, arrivals=arrivals)
     with tempfile.TemporaryDirectory(prefix="cacheon-demo-") as tmp:
         profile = write_profile(Path(tmp) / "tok")
-        return [run(p, workers, version, workload, Path(tmp), profile, page_size, capacity_tokens, delay_ms)
+        return [run(p, workers, version, workload, Path(tmp), profile, page_size, capacity_tokens, delay_ms,
+                    releases.resolve())
                 for p in policies]

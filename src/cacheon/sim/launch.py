@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import socket
 import subprocess
@@ -16,10 +15,11 @@ from typing import Any
 import httpx
 import yaml
 
+from cacheon.sim.releases import default_dir
 from cacheon.sim.tokenizer import gateway_model
 
 WAIT_S = 60.0  # generous: a loaded 2-core box
-RELEASES = Path(os.environ.get("SGLANG_RELEASES_DIR", ".sglang"))
+RELEASES = default_dir().resolve()  # resolved once, absolute: the processes may run elsewhere
 
 
 class ProcessError(RuntimeError):
