@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import msgspec
 from aiohttp import web
+from yarl import URL
 
 from cacheon.errors import UsageError
 from cacheon.gateway.config import GatewayConfig
@@ -99,7 +100,7 @@ def request_id(request: web.Request) -> str:
     given = request.headers.get("x-request-id")
     if given and len(given) <= 128 and given.isascii() and given.isprintable():
         return given
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 class Proxy:
@@ -109,6 +110,12 @@ class Proxy:
                  metrics: Metrics, tracing: Tracing | None = None) -> None:
         self.cfg, self.fleet, self.policy, self.profiles, self.metrics = cfg, fleet, policy, profiles, metrics
         self.tracing = tracing
+        # Per-request costs kept off the hot path: parsed upstream URLs, timeouts, metric children.
+        self._urls: dict[tuple[str, str], URL] = {}
+        self._timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.request_timeout_s,
+                                                     sock_read=cfg.request_timeout_s)
+        self._series: dict[tuple[str, ...], Any] = {}
 
     async def handle(self, request: web.Request, path: str, kind: str) -> web.StreamResponse:
         outcome = Outcome(path, request_id(request), time.perf_counter())
@@ -136,7 +143,7 @@ class Proxy:
         """The one place a request's outcome is counted, logged and traced."""
         status = o.status or (o.response.status if o.response is not None else 0)
         elapsed = time.perf_counter() - o.started
-        self.metrics.requests.labels(o.endpoint, str(status)).inc()
+        self._child("requests", o.endpoint, str(status)).inc()
         last = o.decisions[-1] if o.decisions else None
         worker = last.worker.id if last else None
         route = f"{self.policy.name}:{last.reason}" if last else None
@@ -144,9 +151,9 @@ class Proxy:
             self.metrics.rejects.labels(o.refusal).inc()
         if last is not None and worker is not None and route is not None:
             model = self._model_label(o.model, last.worker)
-            self.metrics.latency.labels(worker, model, route).observe(elapsed)
+            self._child("latency", worker, model, route).observe(elapsed)
             if o.first_chunk is not None:
-                self.metrics.ttft.labels(worker, model, route).observe(o.first_chunk - o.started)
+                self._child("ttft", worker, model, route).observe(o.first_chunk - o.started)
         predicted = o.decisions[0].held if o.decisions else None
         if log.isEnabledFor(logging.INFO):
             log.info(f"POST {o.endpoint} {status}", extra={"fields": {
@@ -160,6 +167,20 @@ class Proxy:
         if o.span is not None and self.tracing is not None:
             self.tracing.finish(o.span, status=status, route=route, worker=worker, model=o.model,
                                 predicted_cached_tokens=predicted, attempts=len(o.decisions), error=o.error)
+
+    def _child(self, metric: str, *labels: str) -> Any:
+        """``metrics.<metric>.labels(*labels)``, looked up once per label set."""
+        key = (metric, *labels)
+        child = self._series.get(key)
+        if child is None:
+            child = self._series[key] = getattr(self.metrics, metric).labels(*labels)
+        return child
+
+    def _url(self, w: Worker, path: str) -> URL:
+        url = self._urls.get((w.url, path))
+        if url is None:
+            url = self._urls[(w.url, path)] = URL(f"{w.url}{path}")
+        return url
 
     def _model_label(self, model: str | None, worker: Worker) -> str:
         """A bounded label: a configured or discovered model name, else ``other``."""
@@ -272,7 +293,7 @@ class Proxy:
             self.metrics.prefix_hit_tokens.inc(decision.held)
         else:
             decision = Decision(min(pool, key=lambda w: w.in_flight), RouteReason.RETRY, 0)
-        self.metrics.decisions.labels(self.policy.name, decision.reason).inc()
+        self._child("decisions", self.policy.name, decision.reason).inc()
         return decision
 
     def _failed(self, w: Worker) -> None:
@@ -285,8 +306,8 @@ class Proxy:
                     ours: dict[str, str]) -> web.Response:
         """The whole response; Retry on a transport error, a timeout or a 5xx."""
         try:
-            async with self.fleet.client.post(f"{w.url}{path}", data=raw, headers=upstream,
-                                              timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s)) as resp:
+            async with self.fleet.client.post(self._url(w, path), data=raw, headers=upstream,
+                                              timeout=self._timeout) as resp:
                 content, status, headers = await resp.read(), resp.status, resp.headers
         except TRANSPORT_ERRORS as exc:
             self._failed(w)
@@ -301,12 +322,9 @@ class Proxy:
     async def _stream(self, request: web.Request, w: Worker, outcome: Outcome, raw: bytes,
                       upstream: dict[str, str], ours: dict[str, str]) -> web.StreamResponse:
         """Chunk-by-chunk passthrough; Retry only before the status line reaches the client."""
-        # A stream may run long: the limit is on the gap between chunks, not on the whole.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.request_timeout_s,
-                                        sock_read=self.cfg.request_timeout_s)
-        try:
-            resp = await self.fleet.client.post(f"{w.url}{outcome.endpoint}", data=raw, headers=upstream,
-                                                timeout=timeout)
+        try:  # a stream may run long: its timeout is on the gap between chunks, not on the whole
+            resp = await self.fleet.client.post(self._url(w, outcome.endpoint), data=raw, headers=upstream,
+                                                timeout=self._stream_timeout)
             if resp.status >= 500:  # read whole: it may become the answer if no worker is left
                 failed = web.Response(body=await resp.read(), status=resp.status, headers=_passed(resp.headers, ours))
                 resp.release()
