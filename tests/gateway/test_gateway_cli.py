@@ -94,3 +94,30 @@ def test_serve_refuses_unusable_config_in_one_line(config: str, message: str, tm
     assert main(["gateway", "serve", "--config", str(path)]) == 1
     out, err = capsys.readouterr()
     assert out == "" and message in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.fixture
+def restore_sglang_modules():
+    """The simulator loads a release's kv_events under stand-in ``sglang`` packages: drop them after."""
+    import sys
+
+    before = {k for k in sys.modules if k == "sglang" or k.startswith("sglang.")}
+    yield
+    for name in [k for k in sys.modules if (k == "sglang" or k.startswith("sglang.")) and k not in before]:
+        del sys.modules[name]
+
+
+@pytest.mark.parametrize("flag", ["--port", "--kv-port"])
+def test_a_simulated_worker_on_a_taken_port_is_one_line(flag: str, capsys: pytest.CaptureFixture[str],
+                                                       restore_sglang_modules: None) -> None:
+    busy, port = _busy_port()
+    free, other = _busy_port()
+    free.close()
+    ports = {"--port": port, "--kv-port": other} if flag == "--port" else {"--port": other, "--kv-port": port}
+    try:
+        code = main(["sim", "worker", "--port", str(ports["--port"]), "--kv-port", str(ports["--kv-port"]),
+                     "--sglang-version", "0.5.13.post1"])
+    finally:
+        busy.close()
+    out, err = capsys.readouterr()
+    assert code == 1 and out == "" and f"{flag} {port}" in err and "in use" in err and len(err.splitlines()) == 1

@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -113,6 +115,7 @@ def _faults() -> tuple[str, ...]:
 
 def _worker(args: argparse.Namespace) -> int:
     import uvicorn
+    import zmq
 
     from cacheon.kv.contracts import for_version
     from cacheon.sim.publisher import RankPublishers, load_release_kv_events
@@ -136,7 +139,12 @@ def _worker(args: argparse.Namespace) -> int:
     from cacheon.sim.releases import default_dir
 
     kv = load_release_kv_events(args.releases_dir or default_dir(), args.sglang_version)
-    publishers = RankPublishers(kv, args.sglang_version, settings.kv_events_config, args.dp_size)
+    listener = _bind(args.host, args.port)  # before the publishers: either in use is one line, no banner
+    try:
+        publishers = RankPublishers(kv, args.sglang_version, settings.kv_events_config, args.dp_size)
+    except zmq.ZMQError as exc:
+        listener.close()
+        raise UsageError(f"--kv-port {args.kv_port} (or a rank above it): {exc.strerror}") from None
     try:
         sim = SimWorker(settings, profile, publishers, cache)
     except ValueError as exc:
@@ -144,5 +152,18 @@ def _worker(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     print(f"SIMULATED SGLang {args.sglang_version} worker on http://{args.host}:{args.port} "
           f"(tokenizer sha256 {profile.tokenizer_sha256})", flush=True)
-    uvicorn.run(build_app(sim), host=args.host, port=args.port, log_level="warning", access_log=False)
+    server = uvicorn.Server(uvicorn.Config(build_app(sim), log_level="warning", access_log=False))
+    server.run(sockets=[listener])
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The HTTP listening socket, bound now so a port in use is a one-line error."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        raise UsageError(f"--port {port}: {os.strerror(exc.errno) if exc.errno else exc}") from None
+    return listener
