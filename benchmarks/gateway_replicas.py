@@ -57,8 +57,8 @@ def main() -> None:
                 results[replicas].append(measure(replicas, args.workers, sessions, Path(tmp), profile))
                 hit, spread = results[replicas][-1]
                 print(f"run {run}: {replicas} gateway(s): hit rate {hit:.3f}, max/mean load {spread:.2f}", flush=True)
-    print(f"\n{args.workers} workers, {args.sessions} sessions x {args.turns} turns, page {PAGE}, {DELAY_MS} ms/request, "
-          f"{args.runs} runs (exact policy)")
+    print(f"\n{args.workers} workers, {args.sessions} sessions x {args.turns} turns, page {PAGE}, "
+          f"{DELAY_MS} ms/request, {args.runs} runs (exact policy)")
     print(f"{'':<22}{'hit rate':>16}{'max/mean load':>18}")
     for replicas, rows in results.items():
         hits, spreads = [h for h, _ in rows], [s for _, s in rows]

@@ -272,3 +272,25 @@ def test_workers_from_a_dns_name_come_and_go(loop: LoopThread, sim: SimProcess, 
 
 async def _status(gw: InProcessGateway) -> dict:
     return gw.gateway.status()
+
+
+def test_ladder_transitions_are_logged_with_their_reasons(loop: LoopThread, sim: SimProcess,
+                                                          profile: tuple[Path, Path], tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="cacheon.gateway"):
+        gw = InProcessGateway(loop, {"policy": "exact", "models": {"demo": gateway_model(*profile)},
+                                     "workers": [{"url": sim.url, "id": "good"}, {"url": "http://127.0.0.1:9",
+                                                                                 "id": "gone"}]}, tmp_path)
+        try:
+            wait_until(lambda: httpx.get(f"{gw.url}/readyz").status_code == 200, "the worker READY", 30)
+            wait_until(lambda: any(r.fields.get("to") == "FENCED" for r in caplog.records  # type: ignore[attr-defined]
+                                   if hasattr(r, "fields")), "the unreachable one fenced", 30)
+        finally:
+            gw.close()
+    moves = [(r.fields["worker"], r.fields["from"], r.fields["to"], r.fields["reason"])  # type: ignore[attr-defined]
+             for r in caplog.records if r.name == "cacheon.gateway" and "to" in getattr(r, "fields", {})]
+    assert [m[2] for m in moves if m[0] == "good"] == ["PROFILE_VALIDATED", "TOKEN_PARITY_VERIFIED",
+                                                       "ENGINE_HASH_ATTESTED", "READY"]
+    assert ("gone", "PENDING", "FENCED", "unreachable") in moves
+    fenced = next(r for r in caplog.records if getattr(r, "fields", {}).get("to") == "FENCED")
+    assert fenced.levelno == logging.WARNING and fenced.fields["detail"]  # type: ignore[attr-defined]

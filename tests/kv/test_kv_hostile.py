@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
 import threading
 import tracemalloc
@@ -178,3 +179,20 @@ def test_mutated_real_frames_through_a_feed_never_raise_nor_half_apply(frames: l
             assert sum(feed.counters.rejects.values()) + feed.counters.batches == seq + 1
             if sum(feed.counters.rejects.values()) > refused:
                 assert index.held(("w", 0)) == before  # refused whole: the index never saw it
+
+
+def test_gaps_resyncs_and_refusals_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    stored = base64.b64decode(FIXTURES[PIN]["stored_page"]["payload"])
+    feed = Feed(("w", 0), for_version(PIN), index=BlockIndex(), max_replay=10)
+    with caplog.at_level(logging.DEBUG, logger="cacheon.kv"):
+        feed.on_live(3, stored)  # first contact: a slow-joiner hole, DEBUG
+        feed.on_live(6, stored)  # a gap, no replay endpoint: cleared
+        feed.on_live(1000, stored)  # past max_replay: a resync
+        for seq in range(1001, 1012):
+            feed.on_live(seq, b"\xc1")  # refused: logged the 1st and 10th time only
+    events = [(r.levelno, r.fields["event"] if "event" in r.fields else r.fields["reason"])  # type: ignore[attr-defined]
+              for r in caplog.records]
+    assert events == [(logging.DEBUG, "first"), (logging.WARNING, "gap"), (logging.WARNING, "resync"),
+                      (logging.WARNING, "decode_error"), (logging.WARNING, "decode_error")]
+    gap = caplog.records[1].fields  # type: ignore[attr-defined]
+    assert (gap["worker"], gap["seq"], gap["missing"], gap["replay"], gap["cleared"]) == ("w", 6, 2, "skipped", True)
