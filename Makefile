@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile scripts/install_sglang_pin.sh scripts/install_
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0 triton==3.9.0
-	$(PY) -m pip install -q -e '.[test,docs]'
+	$(PY) -m pip install -q -e '.[test,docs,otel]'
 	VENV=$(VENV) scripts/install_sglang_pin.sh
 	PYTHON=$(PY) scripts/install_sglang_releases.sh
 	VENV=$(VENV) scripts/install_chain_pin.sh

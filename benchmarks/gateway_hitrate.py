@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from itertools import groupby
 from pathlib import Path
 
-from cacheon.gateway.config import GatewayConfig, WorkerSpec
+from cacheon.gateway.config import DEFAULTS, WorkerSpec
 from cacheon.gateway.policy import Prefix
 from cacheon.gateway.workers import Worker
 from cacheon.sim.cache import PrefixCache
@@ -37,7 +37,7 @@ from cacheon.tokens.profile import TokenizerProfile, TokenizerSpec
 
 PAGE, CAPACITY, DELAY_MS = 4, 1 << 16, 200
 CHAINS = ChainCache()  # prompts from the profile hash through a chain cache, as in the workers
-EPSILON: float = GatewayConfig.__dataclass_fields__["load_epsilon"].default
+EPSILON: float = DEFAULTS.load_epsilon
 
 
 def tokenized(served: Sequence[Served], profile: TokenizerProfile) -> list[list[int]]:
@@ -112,8 +112,7 @@ def main() -> None:
         tok, template = write_profile(Path(tmp))
         profile = TokenizerProfile(TokenizerSpec(tok, template, bos_token=BOS_TOKEN))  # as the gateway and the workers
         tokens = {p: tokenized(o.served, profile) for p, o in outcomes.items()}
-    defaults = GatewayConfig.__dataclass_fields__
-    rule = Prefix(EPSILON, defaults["min_prefix_blocks"].default, defaults["min_match_ratio"].default)
+    rule = Prefix(EPSILON, DEFAULTS.min_prefix_blocks, DEFAULTS.min_match_ratio)
     oracles = {"greedy": oracle(outcomes["exact"].served, tokens["exact"], None, n),
                "rule": oracle(outcomes["exact"].served, tokens["exact"], rule, n)}
     best = max(rate for rate, _spread in oracles.values())

@@ -2,8 +2,8 @@
 
 Same run, same simulated worker (zero delay), same request. Baselines: the worker called directly;
 a bare TCP byte relay (uvloop, no HTTP parsing) in front of it, the cost of one more process hop on
-this machine; a minimal forwarder on the gateway's own stack (a bare ASGI app under uvicorn posting
-with aiohttp, no routing, no checks), the floor of any proxy built on it; and the peer, SGLang's own
+this machine; a minimal forwarder on the gateway's own stack (aiohttp.web posting with an aiohttp
+client, no routing, no checks), the floor of any proxy built on it; and the peer, SGLang's own
 router (PyPI ``sglang-router``, Rust; ``round_robin``; its own venv: benchmarks/peers/install.sh;
 ``--no-peer`` leaves it out).
 
@@ -32,7 +32,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
@@ -69,31 +68,27 @@ def relay(port: int, upstream: int) -> None:
 
 
 def forwarder(port: int, upstream: str) -> None:
-    """The smallest HTTP proxy on uvicorn + aiohttp: read the body, post it, answer what came back."""
+    """The smallest HTTP proxy on the gateway's own stack (aiohttp.web + an aiohttp client, uvloop): read
+    the body, post it, answer what came back. No routing, no checks, no metrics."""
     import aiohttp
-    import uvicorn
+    from aiohttp import web
 
-    client: list[aiohttp.ClientSession] = []
+    async def serve() -> None:
+        client = aiohttp.ClientSession()
 
-    async def app(scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                client.append(aiohttp.ClientSession())
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body, more = body + message.get("body", b""), message.get("more_body", False)
-        async with client[0].request(scope["method"], upstream + scope["path"], data=body,
-                                     headers={"content-type": "application/json"}) as resp:
-            data = await resp.read()
-        await send({"type": "http.response.start", "status": resp.status,
-                    "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": data})
+        async def forward(request: web.Request) -> web.Response:
+            async with client.request(request.method, upstream + request.path, data=await request.read(),
+                                   headers={"content-type": "application/json"}) as resp:
+                return web.Response(body=await resp.read(), status=resp.status, content_type="application/json")
 
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+
+    uvloop.run(serve())
 
 
 def latencies(url: str, body: dict, n: int) -> list[float]:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cacheon.gateway.config import GatewayConfig, WorkerSpec
+from cacheon.gateway.config import DEFAULTS, WorkerSpec
 from cacheon.gateway.heap import freeze_startup_objects
 from cacheon.gateway.policy import Exact
 from cacheon.gateway.workers import Discovery, Worker, WorkerState
@@ -75,8 +75,8 @@ def pool(profile: TokenizerProfile, messages: Messages, page: int) -> tuple[Exac
         w.state = WorkerState.READY
         workers.append(w)
         index.apply((w.id, 0), [("store", chain[: (i + 1) * len(chain) // (WORKERS + 1)])])
-    d = {k: f.default for k, f in GatewayConfig.__dataclass_fields__.items()}  # the gateway's defaults
-    return Exact(index, CHAINS, d["load_epsilon"], d["min_prefix_blocks"], d["min_match_ratio"]), workers
+    d = DEFAULTS  # the gateway's defaults
+    return Exact(index, CHAINS, d.load_epsilon, d.min_prefix_blocks, d.min_match_ratio), workers
 
 
 def cold(profile: TokenizerProfile) -> None:

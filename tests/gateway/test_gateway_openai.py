@@ -76,19 +76,20 @@ def test_openai_client_through_exact_gateway(tmp_path: Path, profile: tuple[Path
 
         # Draining stops new requests to a worker; removal also drops its KV state.
         wid = gw.status()[first]["id"]
-        assert httpx.post(f"{gw.url}/workers/{wid}/drain").status_code == 202
+        drained = httpx.post(f"{gw.admin_url}/workers/{wid}/drain", json={"deadline_s": 5}, timeout=10)
+        assert drained.status_code == 200 and drained.json()["drained"] and drained.json()["draining"]
         assert {client.completions.with_raw_response.create(model="demo", prompt=LONG, max_tokens=1)
                 .headers["x-cacheon-worker"] for _ in range(3)} == {s.url for s in sims} - {first}
         assert gw.status()[first]["indexed_blocks"] > 0
-        assert httpx.delete(f"{gw.url}/workers/{wid}", timeout=30).status_code == 200
+        assert httpx.delete(f"{gw.admin_url}/workers/{wid}", timeout=30).status_code == 200
         assert first not in gw.status()
         for _ in range(4):
             assert client.completions.with_raw_response.create(
                 model="demo", prompt=LONG, max_tokens=1).headers["x-cacheon-worker"] != first
-        bad = httpx.post(f"{gw.url}/workers", json={"url": "ftp://x"}, timeout=10)
+        bad = httpx.post(f"{gw.admin_url}/workers", json={"url": "ftp://x"}, timeout=10)
         assert bad.status_code == 400 and "is not http(s)://HOST:PORT" in bad.json()["error"]["message"]
-        assert httpx.delete(f"{gw.url}/workers/nobody", timeout=10).status_code == 404
-        added = httpx.post(f"{gw.url}/workers", json={"url": first}, timeout=10)
+        assert httpx.delete(f"{gw.admin_url}/workers/nobody", timeout=10).status_code == 404
+        added = httpx.post(f"{gw.admin_url}/workers", json={"url": first}, timeout=10)
         assert added.status_code == 201, added.text
         again = gw.settled([first])[first]
         assert again["ladder"]["state"] == "READY", again["ladder"]

@@ -73,7 +73,7 @@ def test_removing_a_worker_lets_its_in_flight_requests_finish(tmp_path: Path, pr
         asking.start()
         status = wait_until(lambda: (s := gw.status())[sim.url]["in_flight"] == 1 and s, "the request in flight", 10)
         started = time.monotonic()
-        removed = httpx.delete(f"{gw.url}/workers/{status[sim.url]['id']}", timeout=30)
+        removed = httpx.delete(f"{gw.admin_url}/workers/{status[sim.url]['id']}", timeout=30)
         assert removed.status_code == 200 and removed.json()["in_flight_left"] == 0
         assert time.monotonic() - started > 1  # it waited for the request rather than cutting it off
         asking.join(10)

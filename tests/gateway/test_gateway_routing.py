@@ -44,7 +44,7 @@ def test_approx_sends_a_conversation_back_to_the_worker_that_saw_it(tmp_path: Pa
             reply = r.json()["choices"][0]["message"]["content"]
         # A removed worker's tree entries go with it: its conversation falls back to the others.
         wid = next(w["id"] for w in gw.status().values() if w["url"] == first.headers["x-cacheon-worker"])
-        assert httpx.delete(f"{gw.url}/workers/{wid}", timeout=30).status_code == 200
+        assert httpx.delete(f"{gw.admin_url}/workers/{wid}", timeout=30).status_code == 200
         r = _chat(gw.url, history)
         assert r.headers["x-cacheon-worker"] != first.headers["x-cacheon-worker"]
         assert r.headers["x-cacheon-route"] == "approx:fallback_miss"

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 import zmq
 
@@ -59,43 +60,51 @@ def test_user_mistakes_are_one_line_errors(cli, args: list[str]) -> None:
     assert "Traceback" not in out.stderr and "error" in out.stderr
 
 
-def listen(version: str, case: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    """Run ``cacheon kv listen`` against a PUB that sends ``case`` of ``version`` until it exits."""
-    fixture = FIXTURES[version][case]
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    port = pub.bind_to_random_port("tcp://127.0.0.1")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cacheon.cli",
-            "kv",
-            "listen",
-            f"tcp://127.0.0.1:{port - fixture['rank']}",
-            "--rank",
-            str(fixture["rank"]),
-            "--timeout",
-            "60",
-            *args,
-        ],
+def run_listen(port: int, *args: str, rank: int = 0) -> subprocess.Popen:
+    """``cacheon kv listen`` on the PUB at ``port`` (rank ``rank``'s port), started."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "cacheon.cli", "kv", "listen", f"tcp://127.0.0.1:{port - rank}", "--rank", str(rank),
+         "--timeout", "60", *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def pump(pub: zmq.Socket, proc: subprocess.Popen, payloads: list[bytes], extra: list[bytes] | None = None
+         ) -> subprocess.CompletedProcess:
+    """Send ``payloads`` in turn (and ``extra`` frames after each) until ``proc`` exits."""
     seq, deadline = 0, time.monotonic() + 90  # the CLI's own --timeout is 60 s
     try:
         while proc.poll() is None and time.monotonic() < deadline:
-            pub.send_multipart([b"", seq.to_bytes(8, "big"), base64.b64decode(fixture["payload"])])
+            pub.send_multipart([b"", seq.to_bytes(8, "big"), payloads[seq % len(payloads)]])
+            if extra:
+                pub.send_multipart(extra)
             seq += 1
             time.sleep(0.05)
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def listen_to(payloads: list[bytes], *args: str, rank: int = 0, extra: list[bytes] | None = None
+              ) -> subprocess.CompletedProcess:
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    port = pub.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        return pump(pub, run_listen(port, *args, rank=rank), payloads, extra)
+    finally:
         pub.close(linger=0)
         ctx.term()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), fixture
+
+
+def listen(version: str, case: str, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """``cacheon kv listen`` against a PUB that sends ``case`` of ``version`` until it exits."""
+    fixture = FIXTURES[version][case]
+    return listen_to([base64.b64decode(fixture["payload"])], *args, rank=fixture["rank"]), fixture
 
 
 def test_listen_prints_decoded_batches() -> None:
@@ -127,3 +136,14 @@ def test_listen_classifies_without_a_contract() -> None:
 def test_listen_times_out(cli) -> None:
     out = cli("kv", "listen", "tcp://127.0.0.1:9", "--contract", "sglang-kv-rank-v1", "--timeout", "0.5")
     assert out.returncode == 1 and "timed out with 0 of 1" in out.stderr
+
+
+def test_listen_survives_hostile_frames() -> None:
+    """Frames no publisher sends: deep nesting, a NaN timestamp, an absurd page size, bad framing."""
+    hostile = [b"\x91" * 200_000 + b"\xc0", msgspec.msgpack.encode([float("nan"), [], 0]),
+               msgspec.msgpack.encode([1.0, [["BlockStored", [1], None, [5], 1 << 40, None, "GPU"]], 0])]
+    out = listen_to(hostile, "--sglang-version", "0.5.13.post1", "--count", "4", "--json",
+                    extra=[b"", b"short-seq", b"x"])  # not [topic, u64 seq, payload] either
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    reasons = {json.loads(line)["reject"] for line in out.stdout.splitlines()}
+    assert reasons <= {"decode_error", "out_of_bounds"} and len(out.stdout.splitlines()) == 4, out.stdout

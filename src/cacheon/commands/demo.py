@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from cacheon.commands._output import print_json
 from cacheon.errors import UsageError
@@ -22,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--page-size", type=int, default=4)
     p.add_argument("--capacity-tokens", type=int, default=1 << 16)
     p.add_argument("--delay-ms", type=int, default=50, help="simulated time per request")
+    p.add_argument("--releases-dir", type=Path, help="where the simulator's SGLang releases are unpacked; the one "
+                   "needed is installed there if missing (default: $SGLANG_RELEASES_DIR, else ./.sglang in a checkout, "
+                   "else ~/.cache/cacheon/sglang-releases)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=_run)
 
@@ -29,14 +34,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     from cacheon.kv.contracts import for_version
     from cacheon.sim.demo import demo
+    from cacheon.sim.releases import default_dir, install, unpacked
 
     for_version(args.sglang_version)
     if min(args.workers, args.sessions, args.turns, args.page_size) < 1:
         raise UsageError("workers, sessions, turns and page size must be >= 1")
     if min(args.arrivals, args.delay_ms) < 0:
         raise UsageError("arrivals and delay must be >= 0")
+    root = args.releases_dir or default_dir()
+    if not unpacked(root, args.sglang_version):
+        print(f"installing SGLang {args.sglang_version}'s publisher code into {root} (once)", file=sys.stderr,
+              flush=True)
+        install(root, args.sglang_version)
     outcomes = demo(args.workers, args.sessions, args.turns, args.sglang_version, args.page_size,
-                    args.capacity_tokens, args.delay_ms, arrivals=args.arrivals)
+                    args.capacity_tokens, args.delay_ms, arrivals=args.arrivals, releases=root)
     if args.json:
         fields = ("policy", "hit_rate", "load", "reasons", "spread")
         print_json([{k: getattr(o, k) for k in fields} for o in outcomes])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from cacheon.tokens.profile import TokenizerProfile
 
 DEFAULT_MODEL = "sim-model"
+RELEASES_HELP = ("where the SGLang releases are unpacked (default: $SGLANG_RELEASES_DIR, else ./.sglang in a "
+                 "checkout, else ~/.cache/cacheon/sglang-releases)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--kv-port", type=int, required=True, help="KV-event PUB port of DP rank 0 (rank r: +r)")
     w.add_argument("--kv-replay-port", type=int, help="replay ROUTER port of rank 0 (rank r: +r)")
     w.add_argument("--sglang-version", required=True, help="the release whose wire (and publisher code) to use")
-    w.add_argument("--releases-dir", type=Path, default=Path(os.environ.get("SGLANG_RELEASES_DIR", ".sglang")))
+    w.add_argument("--releases-dir", type=Path, help=RELEASES_HELP)
     w.add_argument("--page-size", type=int, default=1)
     w.add_argument("--dp-size", type=int, default=1)
     w.add_argument("--capacity-tokens", type=int, default=1 << 16)
@@ -51,6 +54,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--delay-ms", type=float, default=0.0, help="simulated time per request")
     w.add_argument("--fault", help="lie in one way: " + ", ".join(_faults()))
     w.set_defaults(handler=_worker)
+    ins = sim.add_parser("install-releases", help="unpack SGLang releases' wheels for the simulator's publishers",
+                         description="Unpack each VERSION's sglang wheel (alone, no dependencies: the simulator "
+                         "loads only its KV-event publisher) into the releases directory. Idempotent.")
+    ins.add_argument("versions", nargs="*", metavar="VERSION", help="default: every release with a wire contract")
+    ins.add_argument("--releases-dir", type=Path, help=RELEASES_HELP)
+    ins.set_defaults(handler=_install)
     pr = sim.add_parser("profile", help="write the built-in tokenizer profile and print its gateway config (YAML)",
                         description="Writes the simulated worker's built-in tokenizer.json and template.jinja "
                         "(byte-identical in every process) and prints the models entry a gateway config needs "
@@ -58,6 +67,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     pr.add_argument("--out", type=Path, required=True, help="directory for tokenizer.json and template.jinja")
     pr.add_argument("--model", default=DEFAULT_MODEL, help="model name the workers serve (default: %(default)s)")
     pr.set_defaults(handler=_profile)
+
+
+def _install(args: argparse.Namespace) -> int:
+    from cacheon.kv.contracts import INTEROP_RELEASES, for_version
+    from cacheon.sim.releases import default_dir, install
+
+    root = args.releases_dir or default_dir()
+    for version in args.versions or INTEROP_RELEASES:
+        for_version(version)  # only releases with a known wire
+        print(f"SGLang {version}: {install(root, version)}", flush=True)
+    return 0
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -95,6 +115,7 @@ def _faults() -> tuple[str, ...]:
 
 def _worker(args: argparse.Namespace) -> int:
     import uvicorn
+    import zmq
 
     from cacheon.kv.contracts import for_version
     from cacheon.sim.publisher import RankPublishers, load_release_kv_events
@@ -115,8 +136,15 @@ def _worker(args: argparse.Namespace) -> int:
         from cacheon.sim.radix import SglangPrefixCache
 
         cache = SglangPrefixCache
-    kv = load_release_kv_events(args.releases_dir, args.sglang_version)
-    publishers = RankPublishers(kv, args.sglang_version, settings.kv_events_config, args.dp_size)
+    from cacheon.sim.releases import default_dir
+
+    kv = load_release_kv_events(args.releases_dir or default_dir(), args.sglang_version)
+    listener = _bind(args.host, args.port)  # before the publishers: either in use is one line, no banner
+    try:
+        publishers = RankPublishers(kv, args.sglang_version, settings.kv_events_config, args.dp_size)
+    except zmq.ZMQError as exc:
+        listener.close()
+        raise UsageError(f"--kv-port {args.kv_port} (or a rank above it): {exc.strerror}") from None
     try:
         sim = SimWorker(settings, profile, publishers, cache)
     except ValueError as exc:
@@ -124,5 +152,18 @@ def _worker(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     print(f"SIMULATED SGLang {args.sglang_version} worker on http://{args.host}:{args.port} "
           f"(tokenizer sha256 {profile.tokenizer_sha256})", flush=True)
-    uvicorn.run(build_app(sim), host=args.host, port=args.port, log_level="warning", access_log=False)
+    server = uvicorn.Server(uvicorn.Config(build_app(sim), log_level="warning", access_log=False))
+    server.run(sockets=[listener])
     return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The HTTP listening socket, bound now so a port in use is a one-line error."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        raise UsageError(f"--port {port}: {os.strerror(exc.errno) if exc.errno else exc}") from None
+    return listener

@@ -9,6 +9,7 @@ from cacheon.kv.contracts import WireContract
 from cacheon.kv.feed import Delivery, FeedCounters, Source
 from cacheon.kv.index import PrefixIndex
 from cacheon.kv.subscriber import Subscriber
+from cacheon.kv.wire import WireBounds
 
 
 class WorkerFeeds:
@@ -16,11 +17,11 @@ class WorkerFeeds:
 
     def __init__(self, worker_id: str, endpoint_base: str, contract: WireContract, dp_size: int,
                  replay_base: str | None, index: PrefixIndex[Source],
-                 echo: Callable[[Delivery], None]) -> None:
+                 echo: Callable[[Delivery], None], bounds: WireBounds, max_replay: int) -> None:
         self.contract = contract
         self.dp_size = dp_size
         self._index = index
-        self.subscriber = Subscriber(index, echo)
+        self.subscriber = Subscriber(index, echo, bounds=bounds, max_replay=max_replay)
         self.subscriber.add_worker(worker_id, endpoint_base, contract, range(dp_size), replay_base=replay_base)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self.subscriber.run, args=(self._stop, 0.05), daemon=True,
@@ -33,6 +34,15 @@ class WorkerFeeds:
 
     def totals(self) -> FeedCounters:
         return self.subscriber.totals()
+
+    def alive(self) -> bool:
+        """Whether the thread polling the sockets still runs."""
+        return self._thread.is_alive()
+
+    def lag_s(self) -> float | None:
+        """The largest event lag over the ranks (None before any live batch)."""
+        lags = [f.lag_s for f in self.subscriber.feeds if f.lag_s is not None]
+        return max(lags) if lags else None
 
     def last_seq(self) -> dict[int, int | None]:
         return {f.rank: None if f.expected is None else f.expected - 1 for f in self.subscriber.feeds}

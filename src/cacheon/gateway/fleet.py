@@ -9,8 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import itertools
+import logging
+import socket
+import sys
 import time
+from array import array
 from collections.abc import Coroutine
 from typing import Any
 
@@ -18,7 +23,7 @@ import aiohttp
 
 from cacheon.errors import UsageError
 from cacheon.gateway.attest import Echoes, Rung, climb
-from cacheon.gateway.config import GatewayConfig, WorkerSpec
+from cacheon.gateway.config import GatewayConfig, WorkersDns, WorkerSpec
 from cacheon.gateway.feeds import WorkerFeeds
 from cacheon.gateway.http import TRANSPORT_ERRORS
 from cacheon.gateway.policy import Policy
@@ -28,6 +33,8 @@ from cacheon.kv.feed import Source
 from cacheon.kv.index import PrefixIndex
 from cacheon.tokens.chains import ChainCache
 from cacheon.tokens.profile import TokenizerProfile
+
+log = logging.getLogger("cacheon.gateway")
 
 
 class Fleet:
@@ -42,6 +49,7 @@ class Fleet:
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
         self._attesting: set[str] = set()
+        self._digests: dict[str, tuple[tuple[int, ...], str]] = {}  # worker id -> (what it was computed at, digest)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -49,6 +57,8 @@ class Fleet:
         self._client = client
         for spec in self.cfg.workers:
             self.add(spec)
+        for dns in self.cfg.workers_dns:
+            self._spawn(self._dns_loop(dns))
         self._spawn(self._health_loop())
 
     async def stop(self) -> None:
@@ -69,28 +79,54 @@ class Fleet:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def add(self, spec: WorkerSpec) -> Worker:
+    def add(self, spec: WorkerSpec, origin: str = "config") -> Worker:
         wid = spec.id or f"w{next(self._ids)}"
         while wid in self.workers and spec.id is None:
             wid = f"w{next(self._ids)}"
         if wid in self.workers or any(w.url == spec.url for w in self.workers.values()):
             raise UsageError(f"worker {wid} ({spec.url}) is already registered")
-        worker = self.workers[wid] = Worker(wid, spec)
+        worker = self.workers[wid] = Worker(wid, spec, origin=origin)
+        log.info(f"worker {wid} added", extra={"fields": {"worker": wid, "url": spec.url, "origin": origin}})
         self._spawn(self.attest(worker))
         return worker
 
-    async def drain(self, worker: Worker) -> None:
+    async def drain(self, worker: Worker, deadline_s: float | None = None) -> bool:
+        """No new requests from now on; wait up to ``deadline_s`` for those in flight. Whether none are left."""
         worker.draining = True
-        deadline = time.monotonic() + self.cfg.drain_timeout_s
+        deadline = time.monotonic() + (self.cfg.drain_timeout_s if deadline_s is None else deadline_s)
         while worker.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        return worker.in_flight == 0
 
-    async def remove(self, worker: Worker) -> None:
-        """Drain first, then drop its KV state and what the policy keeps about it."""
-        await self.drain(worker)
+    async def remove(self, worker: Worker, deadline_s: float | None = None) -> None:
+        """Drain first (up to the deadline), then drop its KV state and what the policy keeps about it."""
+        await self.drain(worker, deadline_s)
         self.workers.pop(worker.id, None)
         self._unsubscribe(worker)
         self.policy.forget(worker.id)
+        self._digests.pop(worker.id, None)
+        log.info(f"worker {worker.id} removed", extra={"fields": {"worker": worker.id, "url": worker.url,
+                                                                  "in_flight_left": worker.in_flight}})
+
+    async def _dns_loop(self, dns: WorkersDns) -> None:
+        """Keep one worker per address ``dns.name`` resolves to (a headless Service's pods)."""
+        origin = f"dns:{dns.name}"
+        while True:
+            try:
+                infos = await asyncio.get_running_loop().getaddrinfo(dns.name, dns.port, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                log.warning(f"cannot resolve {dns.name}: {exc}; keeping its workers as they are",
+                            extra={"fields": {"dns": dns.name}})
+            else:
+                hosts = {str(info[4][0]) for info in infos}
+                urls = {f"{dns.scheme}://{f'[{h}]' if ':' in h else h}:{dns.port}" for h in hosts}
+                known = {w.url: w for w in self.workers.values() if w.origin == origin}
+                for url in sorted(urls - set(known)):
+                    with contextlib.suppress(UsageError):  # the same URL configured statically
+                        self.add(WorkerSpec(url=url), origin)
+                for url in sorted(set(known) - urls):
+                    self._spawn(self.remove(known[url]))
+            await asyncio.sleep(dns.interval_s)
 
     # -- attestation and feeds -----------------------------------------------------------
 
@@ -129,7 +165,7 @@ class Fleet:
         worker.feeds = WorkerFeeds(
             worker.id, f"tcp://{worker.kv_host}:{found.kv_port}", contract, found.dp_size,
             f"tcp://{worker.kv_host}:{replay}" if replay else None, self.index,
-            functools.partial(self.echoes.on_delivery, worker.id),
+            functools.partial(self.echoes.on_delivery, worker.id), self.cfg.kv_wire, self.cfg.kv_max_replay,
         )
 
     def _unsubscribe(self, worker: Worker) -> None:
@@ -179,7 +215,35 @@ class Fleet:
                 if w.available(now) and w.id not in tried
                 and (model is None or w.discovery is None or w.discovery.model == model)]
 
-    def status(self, w: Worker) -> dict[str, Any]:
+    def indexed_blocks(self, w: Worker) -> int:
+        d = w.discovery
+        return sum(self.index.blocks((w.id, r)) for r in range(d.dp_size if d else 0))
+
+    def digest(self, w: Worker) -> str | None:
+        """A digest of the blocks indexed for ``w`` (every rank): equal on replicas that saw the same events.
+
+        SHA-256 over each rank's sorted ids; O(its blocks), so it is recomputed only after the
+        worker's feeds applied or cleared something, and callers run it off the event loop.
+        """
+        feeds, d = w.feeds, w.discovery
+        if feeds is None or d is None:
+            return None
+        totals = feeds.totals()
+        at = (id(feeds), totals.batches, totals.clears, self.indexed_blocks(w))
+        cached = self._digests.get(w.id)
+        if cached is not None and cached[0] == at:
+            return cached[1]
+        h = hashlib.sha256()
+        for rank in range(d.dp_size):
+            ids = array("q", sorted(self.index.held((w.id, rank))))
+            if sys.byteorder == "little":
+                ids.byteswap()  # big-endian: the same bytes on every machine
+            h.update(rank.to_bytes(4, "big") + len(ids).to_bytes(8, "big") + ids.tobytes())
+        digest = h.hexdigest()[:16]
+        self._digests[w.id] = (at, digest)
+        return digest
+
+    def status(self, w: Worker, digest: str | None = None) -> dict[str, Any]:
         d = w.discovery
         return {
             "id": w.id,
@@ -194,7 +258,10 @@ class Fleet:
             "breaker_open": time.time() < w.open_until,
             "in_flight": w.in_flight,
             "kv_replay_port": w.replay_port,
-            "indexed_blocks": sum(self.index.blocks((w.id, r)) for r in range(d.dp_size if d else 0)),
+            "indexed_blocks": self.indexed_blocks(w),
+            "index_digest": digest,
+            "subscribed": w.feeds is not None and w.feeds.alive(),
+            "origin": w.origin,
             "last_seq": w.last_seq(),
             "rejects": w.feed_totals().as_dict()["rejects"],
         }

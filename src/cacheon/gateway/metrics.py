@@ -1,40 +1,88 @@
-"""Prometheus metrics of one gateway: its own registry; KV and cache counters read at scrape time.
+"""Prometheus metrics of one gateway: its own registry; worker, KV and cache state read at scrape time.
 
-The collectors wrap what they measure from outside: the feeds, profiles and chain cache keep
-plain counters, and a scrape only reads them.
+The request path observes a few counters and histograms (``Proxy._record``); everything else is
+collected when scraped from what the fleet, the feeds, the profiles and the chain cache keep
+anyway, so a scrape only reads.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from cacheon.gateway.workers import WorkerState
 from cacheon.kv.feed import FeedCounters
 from cacheon.tokens.chains import ChainCache
 from cacheon.tokens.profile import TokenizerProfile
 
-_KV = ("batches", "events", "gaps", "replays", "replay_failures", "restarts", "reconnects", "clears")
-Feeds = Callable[[], Iterable[tuple[str, FeedCounters]]]  # (worker id, its feeds' totals) per worker
+_KV = ("batches", "events", "gaps", "replays", "replay_failures", "restarts", "reconnects", "clears", "resyncs")
+# Proxy overhead is sub-millisecond, a generation may take minutes: buckets span both.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+                   300.0)
 
 
-class _KvCollector:
-    """Sums each worker's feed counters; the KV threads own them, a scrape only reads."""
+@dataclass(frozen=True)
+class WorkerView:
+    """One worker as a scrape sees it."""
 
-    def __init__(self, feeds: Feeds) -> None:
-        self._feeds = feeds
+    id: str
+    state: WorkerState
+    in_flight: int
+    healthy: bool
+    draining: bool
+    indexed_blocks: int
+    digest: str | None  # the index digest (hex); None while not subscribed
+    feeds: FeedCounters
+    event_lag_s: float | None  # now - the newest accepted batch's timestamp; None before one
+
+
+Workers = Callable[[], Iterable[WorkerView]]
+
+
+def digest_value(digest: str) -> float:
+    """The digest's first 48 bits as a gauge value: exact in a float64, so replicas compare equal."""
+    return float(int(digest[:12], 16))
+
+
+class _WorkerCollector:
+    """Per-worker gauges and the KV feeds' counters; the KV threads own the counters, a scrape reads."""
+
+    def __init__(self, workers: Workers) -> None:
+        self._workers = workers
 
     def collect(self) -> Iterable[Metric]:
-        families = {k: CounterMetricFamily(f"cacheon_kv_{k}", f"KV ingest: {k}", labels=["worker"]) for k in _KV}
-        rejects = CounterMetricFamily("cacheon_kv_rejects", "KV batches refused", labels=["worker", "reason"])
-        for worker, counters in self._feeds():
+        kv = {k: CounterMetricFamily(f"cacheon_kv_{k}", f"KV ingest: {k}", labels=["worker"]) for k in _KV}
+        rejects = CounterMetricFamily("cacheon_kv_rejects", "KV batches refused whole", labels=["worker", "reason"])
+        state = GaugeMetricFamily("cacheon_worker_state", "1 for the worker's ladder state, 0 for the others",
+                                  labels=["worker", "state"])
+        in_flight = GaugeMetricFamily("cacheon_worker_in_flight", "requests in flight", labels=["worker"])
+        up = GaugeMetricFamily("cacheon_worker_available", "1 while healthy and not draining", labels=["worker"])
+        blocks = GaugeMetricFamily("cacheon_index_blocks", "KV blocks indexed for the worker (all ranks)",
+                                   labels=["worker"])
+        digest = GaugeMetricFamily("cacheon_index_digest", "the worker's index digest, first 48 bits "
+                                   "(equal across replicas with the same view)", labels=["worker"])
+        lag = GaugeMetricFamily("cacheon_kv_event_lag_seconds", "now - timestamp of the newest accepted batch "
+                                "(publisher clock)", labels=["worker"])
+        for w in self._workers():
             for k in _KV:
-                families[k].add_metric([worker], getattr(counters, k))
-            for reason, n in sorted(counters.rejects.items()):
-                rejects.add_metric([worker, reason], n)
-        yield from families.values()
-        yield rejects
+                kv[k].add_metric([w.id], getattr(w.feeds, k))
+            for reason, n in sorted(w.feeds.rejects.items()):
+                rejects.add_metric([w.id, reason], n)
+            for s in WorkerState:
+                state.add_metric([w.id, s], 1.0 if s == w.state else 0.0)
+            in_flight.add_metric([w.id], w.in_flight)
+            up.add_metric([w.id], 1.0 if w.healthy and not w.draining else 0.0)
+            blocks.add_metric([w.id], w.indexed_blocks)
+            if w.digest is not None:
+                digest.add_metric([w.id], digest_value(w.digest))
+            if w.event_lag_s is not None:
+                lag.add_metric([w.id], w.event_lag_s)
+        yield from kv.values()
+        yield from (rejects, state, in_flight, up, blocks, digest, lag)
 
 
 class _TokenCacheCollector:
@@ -62,16 +110,33 @@ class _TokenCacheCollector:
         yield chains
 
 
+class _UptimeCollector:
+    def __init__(self) -> None:
+        self._started = time.time()
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily("cacheon_gateway_start_time_seconds", "when this gateway process started")
+        family.add_metric([], self._started)
+        yield family
+
+
 class Metrics:
-    def __init__(self, feeds: Feeds, profiles: dict[str, TokenizerProfile], chains: ChainCache) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter("cacheon_requests", "proxied requests", ["endpoint", "status"], registry=self.registry)
-        self.decisions = Counter("cacheon_route_decisions", "routing decisions", ["policy", "reason"],
-                                 registry=self.registry)
+    def __init__(self, workers: Workers, profiles: dict[str, TokenizerProfile], chains: ChainCache) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("cacheon_requests", "proxied requests by endpoint and status", ["endpoint", "status"],
+                                registry=r)
+        self.rejects = Counter("cacheon_request_rejects", "requests answered by the gateway itself, by reason",
+                               ["reason"], registry=r)
+        self.latency = Histogram("cacheon_request_duration_seconds", "request latency, arrival to last byte",
+                                 ["worker", "model", "route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("cacheon_time_to_first_token_seconds", "streamed requests: arrival to first chunk",
+                              ["worker", "model", "route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.decisions = Counter("cacheon_route_decisions", "routing decisions", ["policy", "reason"], registry=r)
         self.prefix_hit_tokens = Counter("cacheon_prefix_hit_tokens",
-                                         "prompt tokens the chosen worker holds, per routing decision",
-                                         registry=self.registry)
-        self.upstream_errors = Counter("cacheon_upstream_errors", "failed upstream attempts", ["worker"],
-                                       registry=self.registry)
-        self.registry.register(_KvCollector(feeds))
-        self.registry.register(_TokenCacheCollector(profiles, chains))
+                                         "prompt tokens the chosen worker holds, per routing decision", registry=r)
+        self.upstream_errors = Counter("cacheon_upstream_errors", "failed upstream attempts", ["worker"], registry=r)
+        r.register(_WorkerCollector(workers))
+        r.register(_TokenCacheCollector(profiles, chains))
+        r.register(_UptimeCollector())
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)

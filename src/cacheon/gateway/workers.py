@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -15,6 +16,8 @@ from cacheon.gateway.config import WorkerSpec
 from cacheon.gateway.feeds import WorkerFeeds
 from cacheon.gateway.http import CallError, get_json
 from cacheon.kv.feed import FeedCounters
+
+log = logging.getLogger("cacheon.gateway")
 
 
 class WorkerState(StrEnum):
@@ -117,6 +120,7 @@ class Worker:
     feeds: WorkerFeeds | None = None
     seen_resets: int = 0
     seen_rejects: int = 0
+    origin: str = "config"  # config, admin, or dns:NAME (workers a DNS name stops returning are removed)
 
     @property
     def url(self) -> str:
@@ -127,6 +131,12 @@ class Worker:
         return urlsplit(self.spec.url).hostname or "127.0.0.1"
 
     def set_state(self, state: WorkerState, reason: FenceReason | None = None, detail: str | None = None) -> None:
+        """Move along the ladder; every change is logged with its reason (FENCED at WARNING)."""
+        if (state, reason, detail) != (self.state, self.reason, self.detail):
+            level = logging.WARNING if state == WorkerState.FENCED else logging.INFO
+            log.log(level, f"worker {self.id} {self.state} -> {state}", extra={"fields": {
+                "worker": self.id, "url": self.url, "from": self.state, "to": state, "reason": reason,
+                "detail": detail}})
         self.state, self.reason, self.detail, self.state_since = state, reason, detail, time.time()
         if state == WorkerState.READY:
             self.attested_at = self.state_since

@@ -6,6 +6,8 @@ sequencer's decisions with an injected replayer. So the whole ingest path can be
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,10 +15,19 @@ from dataclasses import dataclass, field
 from cacheon.kv.contracts import WireContract
 from cacheon.kv.index import PrefixIndex
 from cacheon.kv.replay import SKIPPED, Replayer, ReplayStatus
-from cacheon.kv.sequencer import Continuity, Sequencer
-from cacheon.kv.wire import DECODE_ERROR, DecodedBatch, RejectReason, WireDecoder, WireReject, operations
+from cacheon.kv.sequencer import Continuity, Sequencer, Step
+from cacheon.kv.wire import (
+    DECODE_ERROR,
+    DecodedBatch,
+    RejectReason,
+    WireBounds,
+    WireDecoder,
+    WireReject,
+    operations,
+)
 
 Source = tuple[str, int]  # (worker id, DP rank): one publisher
+log = logging.getLogger("cacheon.kv")
 
 
 @dataclass
@@ -32,7 +43,8 @@ class FeedCounters:
     replay_failures: int = 0  # replays that timed out, were malformed or came back incomplete
     restarts: int = 0  # seq went backwards
     reconnects: int = 0  # the SUB's connection dropped and came back
-    clears: int = 0  # times this rank's blocks were dropped (restart, unrecoverable hole)
+    clears: int = 0  # times this rank's blocks were dropped (restart, unrecoverable hole, resync)
+    resyncs: int = 0  # jumps past max_replay: cleared and rebuilt from the newest batches
 
     def add(self, other: FeedCounters) -> None:
         for name, value in vars(other).items():
@@ -60,11 +72,13 @@ class Feed:
 
     def __init__(self, source: Source, contract: WireContract, *, replayer: Replayer | None = None,
                  index: PrefixIndex[Source] | None = None,
-                 on_delivery: Callable[[Delivery], None] | None = None) -> None:
+                 on_delivery: Callable[[Delivery], None] | None = None,
+                 bounds: WireBounds | None = None, max_replay: int = 10_000) -> None:
         self.source, self.rank, self.contract = source, source[1], contract
-        self.decoder = WireDecoder(contract)
+        self.decoder = WireDecoder(contract, bounds)
         self.counters = FeedCounters()
-        self.sequencer = Sequencer()
+        self.sequencer = Sequencer(max_replay)
+        self.lag_s: float | None = None  # receive time - timestamp of the newest live batch accepted
         self._replayer, self._index, self._on_delivery = replayer, index, on_delivery
 
     @property
@@ -75,6 +89,7 @@ class Feed:
     def on_reconnect(self) -> None:
         self.counters.reconnects += 1
         self.sequencer.reconnected()
+        log.info("KV feed reconnected", extra={"fields": self._where()})
 
     def on_malformed(self, frames: list[bytes]) -> None:
         self._reject(-1, WireReject(DECODE_ERROR, f"live message has {len(frames)} frames"), False)
@@ -83,19 +98,38 @@ class Feed:
         step = self.sequencer.step(seq)
         self.counters.gaps += step.continuity is Continuity.GAP
         self.counters.restarts += step.continuity is Continuity.RESTART
+        self.counters.resyncs += step.resync
         if step.clear:
             self._clear()
         if step.hole:
             replayed = self._replayer.fetch(step.hole) if self._replayer is not None else SKIPPED
             self.counters.replays += replayed.status is not ReplayStatus.SKIPPED
             self.counters.replay_failures += replayed.status is ReplayStatus.FAILED
-            if step.unfilled(replayed.seqs):
+            cleared = step.unfilled(replayed.seqs)
+            if cleared:
                 self.counters.replay_failures += replayed.status is ReplayStatus.DONE  # came back incomplete
                 if not step.clear:
                     self._clear()
+            self._log_hole(step, replayed.status, len(replayed.batches), cleared)
             for s, p in replayed.batches:
                 self._deliver(s, p, replayed=True)
+        elif step.clear:
+            self._log_hole(step, None, 0, True)
         self._deliver(seq, payload, replayed=False)
+
+    def _where(self) -> dict[str, object]:
+        return {"worker": self.source[0], "rank": self.rank}
+
+    def _log_hole(self, step: Step, status: ReplayStatus | None, got: int, cleared: bool) -> None:
+        """Gaps, restarts and resyncs at WARNING; first contact's slow-joiner hole at DEBUG."""
+        quiet = step.continuity is Continuity.FIRST and not step.clear
+        level = logging.DEBUG if quiet else logging.WARNING
+        if not log.isEnabledFor(level):
+            return
+        what = "resync" if step.resync else str(step.continuity)
+        fields = {**self._where(), "seq": step.seq, "event": what, "missing": len(step.hole),
+                  "replay": status, "replayed": got, "cleared": cleared or step.clear}
+        log.log(level, f"KV feed {what}", extra={"fields": fields})
 
     def _clear(self) -> None:
         self.counters.clears += 1
@@ -111,6 +145,8 @@ class Feed:
         ops, skipped = operations(batch.events)
         if self._index is not None:
             self._index.apply(self.source, ops)
+        if not replayed:
+            self.lag_s = time.time() - batch.ts
         self.counters.batches += 1
         self.counters.events += len(batch.events)
         self.counters.skipped_events += skipped
@@ -119,5 +155,9 @@ class Feed:
 
     def _reject(self, seq: int, reject: WireReject, replayed: bool) -> None:
         self.counters.rejects[reject.reason] += 1
+        n = self.counters.rejects[reject.reason]
+        if str(n).strip("0") == "1":  # the 1st, 10th, 100th... of a reason: a flood cannot flood the log
+            log.warning("KV batch refused", extra={"fields": {**self._where(), "seq": seq, "reason": reject.reason,
+                                                               "detail": reject.detail[:300], "count": n}})
         if self._on_delivery is not None:
             self._on_delivery(Delivery(self.source, seq, None, reject, replayed))

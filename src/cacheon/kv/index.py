@@ -42,6 +42,8 @@ class PrefixIndex(Protocol[S]):
 
     def blocks(self, source: S) -> int: ...
 
+    def held(self, source: S) -> set[int]: ...
+
 
 class BlockIndex(Generic[S]):
     """Block inventory per source with a per-source capacity bound.
@@ -132,6 +134,15 @@ class BlockIndex(Generic[S]):
         with self._lock:
             col = self._columns.get(source)
             return 0 if col is None else self._counts[col]
+
+    def held(self, source: S) -> set[int]:
+        """The ids ``source`` holds now, a snapshot (O(its stores): for digests, not for routing)."""
+        with self._lock:
+            col = self._columns.get(source)
+            if col is None:
+                return set()
+            bit, get = self._bits[col], self._holders.get
+            return {h for h in self._fifos[col] if get(h, 0) & bit}
 
     def __len__(self) -> int:
         """Distinct block ids held by any source."""

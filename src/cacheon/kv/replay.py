@@ -86,7 +86,7 @@ class ReplayClient:
             self._dealer.setsockopt(zmq.LINGER, 0)
             self._dealer.connect(self._endpoint)
         self._dealer.send_multipart([b"", hole.start.to_bytes(8, "big")])
-        got: list[tuple[int, bytes]] = []
+        got: dict[int, bytes] = {}  # by seq: a ROUTER repeating itself cannot grow this past the hole
         deadline = time.monotonic() + self._timeout_s
         while True:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
@@ -98,9 +98,9 @@ class ReplayClient:
             if reply is END:
                 break
             if reply[0] in hole:
-                got.append(reply)
+                got.setdefault(reply[0], reply[1])
         self._backoff = self._backoff_min
-        return Replayed(ReplayStatus.DONE, got)
+        return Replayed(ReplayStatus.DONE, sorted(got.items()))
 
     def close(self) -> None:
         if self._dealer is not None:

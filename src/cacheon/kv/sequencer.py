@@ -5,7 +5,10 @@ replay the hole, then apply; a step back -> the worker restarted: clear that ran
 A dropped and re-made TCP connection is treated like a restart, since a new process can already
 be past the old sequence. On first contact the hole before the first message (ZMQ's slow joiner)
 is replayed best effort. A hole that matters and cannot be replayed leaves the rank's inventory
-unknown, so it is cleared rather than trusted. The feed executes these decisions.
+unknown, so it is cleared rather than trusted. What a hole asks the replay endpoint for is
+bounded (``max_replay``): a jump past the bound is a *resync*, the rank cleared and rebuilt from
+the newest ``max_replay`` batches, never one request (or one allocation) per missing number.
+The feed executes these decisions.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ class Step:
     seq: int
     continuity: Continuity
     clear: bool  # drop the rank's blocks before anything else
-    hole: range  # the seqs missing before this one, to replay (empty: none)
+    hole: range  # the seqs missing before this one, to replay (empty: none); at most max_replay long
     must_fill: bool  # whether an unfilled hole leaves the rank's inventory unknown
+    resync: bool = False  # the jump was past max_replay: cleared, and only its newest part is replayed
 
     def unfilled(self, replayed: Sequence[int] | None) -> bool:
         """Whether the hole mattered and the replay (the seqs it brought; None: none could be had)
@@ -41,7 +45,10 @@ class Step:
 class Sequencer:
     """One publisher's sequence state."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_replay: int = 10_000) -> None:
+        if max_replay < 1:
+            raise ValueError("max_replay must be >= 1")
+        self.max_replay = max_replay
         self.expected: int | None = None
         self._resync = False
 
@@ -63,4 +70,8 @@ class Sequencer:
         else:
             continuity, start, must_fill, clear = Continuity.RESTART, 0, True, True
         self.expected = seq + 1
-        return Step(seq, continuity, clear, range(start, seq), must_fill)
+        resync = False
+        if seq - start > self.max_replay:  # not len(range): a u64 jump overflows it
+            start = seq - self.max_replay
+            resync, clear, must_fill = must_fill and not clear, clear or must_fill, False
+        return Step(seq, continuity, clear, range(start, seq), must_fill, resync)

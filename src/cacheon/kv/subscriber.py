@@ -17,6 +17,7 @@ from cacheon.kv.feed import Delivery, Feed, FeedCounters, Source
 from cacheon.kv.index import PrefixIndex
 from cacheon.kv.replay import ReplayClient
 from cacheon.kv.transport import Live, LiveSocket, rank_endpoint
+from cacheon.kv.wire import WireBounds
 
 
 class RankFeed(Feed):
@@ -34,11 +35,14 @@ class RankFeed(Feed):
         index: PrefixIndex[Source] | None = None,
         on_delivery: Callable[[Delivery], None] | None = None,
         replay_timeout_s: float = 2.0,
+        bounds: WireBounds | None = None,
+        max_replay: int = 10_000,
     ) -> None:
         encoded = topic.encode("utf-8")
         self.replay = None if replay_endpoint is None else ReplayClient(
             ctx, replay_endpoint, contract.replay_framing, encoded, timeout_s=replay_timeout_s)
-        super().__init__(source, contract, replayer=self.replay, index=index, on_delivery=on_delivery)
+        super().__init__(source, contract, replayer=self.replay, index=index, on_delivery=on_delivery,
+                         bounds=bounds, max_replay=max_replay)
         self.socket = LiveSocket(ctx, endpoint, encoded)
 
     def watch(self) -> None:
@@ -72,8 +76,11 @@ class Subscriber:
         on_delivery: Callable[[Delivery], None] | None = None,
         *,
         replay_timeout_s: float = 2.0,
+        bounds: WireBounds | None = None,
+        max_replay: int = 10_000,
     ) -> None:
         self.index = index
+        self._bounds, self._max_replay = bounds, max_replay
         self.feeds: list[RankFeed] = []
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._poller = zmq.Poller()
@@ -103,6 +110,8 @@ class Subscriber:
                 index=self.index,
                 on_delivery=self._on_delivery,
                 replay_timeout_s=self._replay_timeout_s,
+                bounds=self._bounds,
+                max_replay=self._max_replay,
             )
             self._poller.register(feed.socket.sub, zmq.POLLIN)
             self._poller.register(feed.socket.monitor, zmq.POLLIN)

@@ -3,16 +3,19 @@
 The contract's batch type (``cacheon.kv.events``) is the decoder: msgspec validates while it
 decodes and nothing half-decoded escapes. A payload that fails is diagnosed on a slow path that
 never runs for good batches: another release's shape (``schema_mismatch``) versus broken bytes
-or types (``decode_error``). Decoded events leave this module as version-neutral index
+or types (``decode_error``, nesting too deep included). A batch that decodes but carries what no
+real publisher sends (a non-finite timestamp, a block size, page or token count past
+``WireBounds``) is ``out_of_bounds``. Decoded events leave this module as version-neutral index
 operations (``operations``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
 import msgspec
 
@@ -25,10 +28,27 @@ class RejectReason(StrEnum):
     SCHEMA_MISMATCH = "schema_mismatch"
     DECODE_ERROR = "decode_error"
     RANK_MISMATCH = "rank_mismatch"
+    OUT_OF_BOUNDS = "out_of_bounds"
 
 
-SCHEMA_MISMATCH, DECODE_ERROR, RANK_MISMATCH = RejectReason
+SCHEMA_MISMATCH, DECODE_ERROR, RANK_MISMATCH, OUT_OF_BOUNDS = RejectReason
 REJECT_REASONS = tuple(RejectReason)
+_Bound = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class WireBounds(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The most one batch may carry; past any of these the batch is refused whole.
+
+    ``max_payload_bytes`` is checked before decoding, so it bounds the memory one decode can take
+    (decoded lists of ints cost up to ~40 bytes per encoded byte); the others bound values no real
+    SGLang sends (its page sizes are at most a few hundred tokens).
+    """
+
+    max_payload_bytes: _Bound = 16 << 20
+    max_events: _Bound = 1 << 16
+    max_block_size: _Bound = 1024
+    max_pages: _Bound = 1 << 16  # block ids in one event
+    max_tokens: _Bound = 1 << 20  # token ids in one event
 
 # Media whose blocks an index routes on: SGLang's device tier (nil means GPU in its recorder).
 DEVICE_MEDIA = frozenset({None, "GPU"})
@@ -55,21 +75,47 @@ class DecodedBatch:
 class WireDecoder:
     """Decodes one contract's payloads; instances are cheap to share, not thread-bound."""
 
-    def __init__(self, contract: WireContract) -> None:
+    def __init__(self, contract: WireContract, bounds: WireBounds | None = None) -> None:
         self.contract = contract
+        self.bounds = bounds or WireBounds()
         self._decoder = msgspec.msgpack.Decoder(contract.batch)
+        self._stored = contract.stored
         # Each tag's (required, optional) fields, for diagnosing a payload that did not decode.
         self._allowed = {tag(t): field_names(t) for t in event_types(contract.batch)}
 
     def decode(self, payload: bytes, rank: int) -> DecodedBatch:
         """The batch, or WireReject; never a partial batch, never another exception."""
+        if len(payload) > self.bounds.max_payload_bytes:
+            raise WireReject(OUT_OF_BOUNDS, f"payload of {len(payload)} bytes, bound {self.bounds.max_payload_bytes}")
         try:
             batch = self._decoder.decode(payload)
         except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
             raise self._diagnose(payload, exc) from None
+        except RecursionError:
+            raise WireReject(DECODE_ERROR, "payload nests too deeply") from None
         if batch.attn_dp_rank != rank:
             raise WireReject(RANK_MISMATCH, f"batch attn_dp_rank={batch.attn_dp_rank}, socket rank={rank}")
+        problem = self._out_of_bounds(batch.ts, batch.events)
+        if problem is not None:
+            raise WireReject(OUT_OF_BOUNDS, problem)
         return DecodedBatch(batch.ts, rank, batch.events)
+
+    def _out_of_bounds(self, ts: float, events: Sequence[KvEvent]) -> str | None:
+        """What in a decoded batch is past the bounds, or None."""
+        b = self.bounds
+        if not math.isfinite(ts):
+            return f"timestamp {ts} is not finite"
+        if len(events) > b.max_events:
+            return f"{len(events)} events, bound {b.max_events}"
+        stored = self._stored
+        for ev in events:  # one pass, exact type checks: this runs for every accepted batch
+            if type(ev) is stored:
+                if ev.block_size > b.max_block_size or len(ev.token_ids) > b.max_tokens or len(
+                        ev.block_hashes) > b.max_pages:
+                    return _store_bounds(ev, b)
+            elif len(getattr(ev, "block_hashes", ())) > b.max_pages:
+                return f"a BlockRemoved of {len(cast(BlockRemoved, ev).block_hashes)} block ids, bound {b.max_pages}"
+        return None
 
     def _diagnose(self, payload: bytes, exc: msgspec.DecodeError) -> WireReject:
         """Slow path: is this another wire shape, or broken bytes/values?"""
@@ -77,6 +123,8 @@ class WireDecoder:
             raw = msgspec.msgpack.decode(payload)
         except msgspec.DecodeError as malformed:
             return WireReject(DECODE_ERROR, str(malformed))
+        except RecursionError:
+            return WireReject(DECODE_ERROR, "payload nests too deeply")
         if not isinstance(raw, list) or not 2 <= len(raw) <= 3:
             return WireReject(SCHEMA_MISMATCH, "payload is not an [ts, events, attn_dp_rank] array")
         if isinstance(raw[1], list):
@@ -118,6 +166,14 @@ class WireDecoder:
         if isinstance(metadata, dict) and set(metadata) != {"cache_salt"}:
             return f"metadata keys {sorted(map(str, metadata))} are not exactly [cache_salt]"
         return None
+
+
+def _store_bounds(ev: BlockStored, b: WireBounds) -> str:
+    if ev.block_size > b.max_block_size:
+        return f"a BlockStored with block_size {ev.block_size}, bound {b.max_block_size}"
+    if len(ev.token_ids) > b.max_tokens:
+        return f"a BlockStored of {len(ev.token_ids)} token ids, bound {b.max_tokens}"
+    return f"a BlockStored of {len(ev.block_hashes)} block ids, bound {b.max_pages}"
 
 
 def operations(events: Sequence[KvEvent]) -> tuple[list[Operation], int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from cacheon.sim.launch import GatewayProcess, SimProcess
+from cacheon.sim.launch import RELEASES, GatewayProcess, SimProcess
 from cacheon.sim.tokenizer import CORPUS, write_profile
 
 Messages = list[dict[str, str]]
@@ -108,14 +108,18 @@ def _first(session: Session) -> Messages:
             {"role": "user", "content": f"{session.document}\n\n{session.questions[0]}"}]
 
 
-def replay(url: str, sessions: list[Session], max_tokens: int = 16, seed: int = 0) -> list[Served]:
+def replay(url: str | list[str], sessions: list[Session], max_tokens: int = 16, seed: int = 0) -> list[Served]:
     """Turn-synchronised waves: every active session sends its next turn at once, then all wait.
+
+    Several URLs (gateway replicas): the requests of each wave alternate over them, as a
+    load balancer in front of the replicas would send them.
 
     Waves make the run repeatable: a session's next turn never overtakes the previous one, and
     which requests race each other does not depend on thread timing across turns. Within a wave
     the sessions are sent in a shuffled (seeded) order: users do not queue up by session id.
     """
     rng = random.Random(seed)
+    urls = [url] if isinstance(url, str) else url
     history: dict[int, Messages] = {}
     served: list[Served] = []
     order = itertools.count()
@@ -123,7 +127,7 @@ def replay(url: str, sessions: list[Session], max_tokens: int = 16, seed: int = 
     with httpx.Client(timeout=60, limits=httpx.Limits(max_connections=len(sessions))) as client, \
             ThreadPoolExecutor(len(sessions)) as pool:
 
-        def send(wave: int, i: int) -> tuple[Served, str]:
+        def send(wave: int, i: int, url: str) -> tuple[Served, str]:
             turn = wave - sessions[i].start
             messages = _first(sessions[i]) if turn == 0 else [
                 *history[i], {"role": "user", "content": sessions[i].questions[turn]}]
@@ -139,17 +143,18 @@ def replay(url: str, sessions: list[Session], max_tokens: int = 16, seed: int = 
         for wave in range(waves):
             active = [i for i, s in enumerate(sessions) if s.start <= wave < s.start + len(s.questions)]
             rng.shuffle(active)
-            for req, reply in pool.map(send, itertools.repeat(wave), active):
+            targets = [urls[k % len(urls)] for k in range(len(active))]
+            for req, reply in pool.map(send, itertools.repeat(wave), active, targets):
                 history[req.session] = [*req.messages, {"role": "assistant", "content": reply}]
                 served.append(req)
     return sorted(served, key=lambda r: r.order)
 
 
 def run(policy: str, workers: int, version: str, sessions: list[Session], tmp: Path, profile: tuple[Path, Path],
-        page_size: int, capacity_tokens: int, delay_ms: int) -> Outcome:
+        page_size: int, capacity_tokens: int, delay_ms: int, releases: Path = RELEASES) -> Outcome:
     with ExitStack() as stack:
         sims = [SimProcess(stack, tmp, profile, version, page_size=page_size, capacity_tokens=capacity_tokens,
-                    delay_ms=delay_ms)
+                    delay_ms=delay_ms, releases=releases)
                 for _ in range(workers)]
         for s in sims:
             s.ready()
@@ -166,9 +171,10 @@ def run(policy: str, workers: int, version: str, sessions: list[Session], tmp: P
 
 def demo(workers: int, sessions: int, turns: int, version: str, page_size: int, capacity_tokens: int,
          delay_ms: int = 50, policies: tuple[str, ...] = ("rr", "approx", "exact"),
-         arrivals: int = 0) -> list[Outcome]:
+         arrivals: int = 0, releases: Path = RELEASES) -> list[Outcome]:
     workload = conversations(sessions, turns, arrivals=arrivals)
     with tempfile.TemporaryDirectory(prefix="cacheon-demo-") as tmp:
         profile = write_profile(Path(tmp) / "tok")
-        return [run(p, workers, version, workload, Path(tmp), profile, page_size, capacity_tokens, delay_ms)
+        return [run(p, workers, version, workload, Path(tmp), profile, page_size, capacity_tokens, delay_ms,
+                    releases.resolve())
                 for p in policies]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import socket
 import subprocess
@@ -16,23 +15,29 @@ from typing import Any
 import httpx
 import yaml
 
+from cacheon.sim.releases import default_dir
 from cacheon.sim.tokenizer import gateway_model
 
 WAIT_S = 60.0  # generous: a loaded 2-core box
-RELEASES = Path(os.environ.get("SGLANG_RELEASES_DIR", ".sglang"))
+RELEASES = default_dir().resolve()  # resolved once, absolute: the processes may run elsewhere
 
 
 class ProcessError(RuntimeError):
     """A simulator or gateway process died or never came up."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 _HANDED_OUT: set[int] = set()  # ports given to a process that may not have bound them yet
+
+
+def free_port() -> int:
+    """A free port not handed out before in this process (the kernel may offer a just-closed one again)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def free_range(n: int) -> int:
@@ -131,10 +136,11 @@ class GatewayProcess:
 
     def __init__(self, stack: ExitStack, tmp: Path, profile: tuple[Path, Path], policy: str,
                  workers: list[dict[str, Any]], **extra: Any) -> None:
-        self.port = free_port()
+        self.port, self.admin_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.admin_url = f"http://127.0.0.1:{self.admin_port}"  # the admin API's own listener
         cfg = {"listen": f"127.0.0.1:{self.port}", "policy": policy, "workers": workers,
-               "models": {"demo": gateway_model(*profile)},
+               "models": {"demo": gateway_model(*profile)}, "admin": {"listen": f"127.0.0.1:{self.admin_port}"},
                "health_interval_s": 0.5, "challenge_timeout_s": 5, **extra}
         path = tmp / f"gateway-{self.port}.yaml"
         path.write_text(yaml.safe_dump(cfg))

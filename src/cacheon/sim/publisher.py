@@ -23,15 +23,14 @@ from packaging.version import Version
 
 from cacheon.errors import UsageError
 from cacheon.sim.cache import StoredPage
+from cacheon.sim.releases import how_to_get, unpacked
 
 
 def load_release_kv_events(releases_dir: Path, version: str) -> types.ModuleType:
     """The ``kv_events`` module of exactly ``version`` (one release per process)."""
     root = (releases_dir / version).resolve() / "sglang"
-    if not (root / "srt" / "disaggregation" / "kv_events.py").is_file():
-        raise UsageError(
-            f"SGLang {version} is not unpacked under {releases_dir} (run scripts/install_sglang_releases.sh)"
-        )
+    if not unpacked(releases_dir, version):
+        raise UsageError(how_to_get(releases_dir, version))
     loaded = sys.modules.get("sglang.srt.disaggregation.kv_events")
     if loaded is not None:  # the installed SGLang is loaded (--prefix-cache sglang): only if it is `version`
         if Path(loaded.__file__ or "").resolve().is_relative_to(root) or _installed() == version:
