@@ -25,6 +25,11 @@ EXPECTED = {
     "patches-tensor-eq": (2, "FAIL", "[module-patch]"),
     "forges-verdict": (2, "FAIL", "candidate output (untrusted)"),
     "graph-stale-replay": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),
+    # Cheats that read the harness: each passes today's harness (constant NaN poison, shapes up to
+    # 501 tokens, at most 48 calls per op); issue 11 makes each FAIL.
+    "detects-poison": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),
+    "shape-specialised": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),
+    "first-calls-right": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),
 }
 
 
