@@ -63,9 +63,14 @@ def test_raising_kernel_and_import_error(cli, tmp_path):
     """)
     result = cli("verify", str(root))
     assert result.returncode == 2 and "entry raised: ValueError: nope" in result.stdout
-    missing = bundle(tmp_path / "b", "def other(x, out):\n    pass\n")
-    result = cli("verify", str(missing))
-    assert result.returncode == 2 and "has no callable 'silu_and_mul'" in result.stdout
+    # an entry the source does not define is a manifest error (exit 1, one line), not a verdict
+    missing = bundle(tmp_path / "b", "def other(x, out):\n    pass\n\n\nsilu_and_mul = other\n")
+    for command in ("verify", "scan"):
+        result = cli(command, str(missing))
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "'silu_and_mul', which is not a top-level function of kernels/k.py" in result.stderr
+        assert "Traceback" not in result.stderr
+    assert "[missing-entry]" in result.stdout  # scan lists it among its findings
 
 
 def test_partial_rows_fail(cli, tmp_path):
@@ -113,7 +118,8 @@ def test_slots_json_and_text(cli):
     assert "rmsnorm(x, weight, out, eps)" in text and "attention(q, k, v, out, sm_scale, causal)" in text
 
 
-def test_a_shipped_pyc_is_never_loaded_instead_of_the_scanned_source(cli, tmp_path):
+def test_a_shipped_pyc_is_refused(cli, tmp_path):
+    """The scan refuses the cache (tests/unit/test_loader.py: the loader would not read it either)."""
     import importlib.util
     import py_compile
 
@@ -128,9 +134,9 @@ def test_a_shipped_pyc_is_never_loaded_instead_of_the_scanned_source(cli, tmp_pa
     evil.write_text("def silu_and_mul(x, out):\n    out.zero_()\n")
     cached = Path(importlib.util.cache_from_source(str(root / "kernels" / "k.py")))
     py_compile.compile(str(evil), cfile=str(cached), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
-    assert cached.exists()
     result = cli("verify", str(root))
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 2 and "kernels/__pycache__:0: [bytecode]" in result.stderr
+    assert "the bundle was not executed" in result.stderr
 
 
 def test_a_bundle_module_shadowing_an_installed_one_is_refused(cli, tmp_path):

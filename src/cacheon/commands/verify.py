@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     )
     with open_bundle(args.bundle) as root:
         admission = admit(root)
+        admission.require_usable_manifest(args.bundle)
         if not admission.admitted:
             for f in admission.scan.findings:
                 print(f, file=sys.stderr)
