@@ -16,6 +16,7 @@ from cacheon.evidence.record import add_record_arguments, record_from_cli
 from cacheon.verify.plan import Confinement, VerifyOptions, draw_seed
 from cacheon.verify.report import CaseResult, StageResult, VerifyReport
 from cacheon.verify.runner import verify_bundle
+from cacheon.verify.sandbox import require_bubblewrap
 
 EXIT = {"PASS": 0, "NUMERICAL_PASS": 0, "FAIL": 2}
 
@@ -103,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
                             exit_code=2, details=details)
             return 2
         assert admission.digest is not None  # an admitted tree has no symlink, so it has a digest
+        if confinement is Confinement.BUBBLEWRAP:
+            require_bubblewrap()  # refuse before anything is printed or run
         if not args.json:
             print(f"verifying {admission.manifest.bundle_id} {admission.digest} on {args.device} "
                   f"(confinement {confinement.value}, seed {seed})", flush=True)

@@ -95,7 +95,7 @@ def bwrap_argv(
 ) -> list[str]:
     """The bubblewrap command line up to (not including) the command. As root, bubblewrap blocks
     on ``block_fd`` until the verifier has written the id maps of the child named on ``info_fd``."""
-    argv = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+    argv = [bwrap_binary(), "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
             "--info-fd", str(info_fd)]
     if as_root:
         if block_fd is None:
@@ -130,6 +130,11 @@ def bwrap_argv(
 def nvidia_device_nodes() -> list[str]:
     """The GPU device nodes a CUDA run needs (and nothing else under /dev)."""
     return sorted(p for p in glob.glob("/dev/nvidia*") if not os.path.isdir(p))
+
+
+def bwrap_binary() -> str:
+    """The bwrap on the verifier's PATH, by absolute path (the child's environment has another PATH)."""
+    return shutil.which("bwrap") or "bwrap"
 
 
 @lru_cache(maxsize=1)
