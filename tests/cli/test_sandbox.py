@@ -230,6 +230,8 @@ def test_candidate_text_is_escaped_and_tracebacks_need_debug(cli, tmp_path):
     assert "Traceback" not in plain.stdout
     debug = cli("verify", str(raising), "--debug")
     assert debug.returncode == 2 and "Traceback (most recent call last)" in debug.stdout
+    assert "Traceback" not in cli("verify", str(raising), "--json").stdout
+    assert "Traceback" in json.loads(cli("verify", str(raising), "--json", "--debug").stdout)["ops"][0]["detail"]
 
 
 @pytest.mark.parametrize(

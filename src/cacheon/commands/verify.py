@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                   f"(confinement {confinement.value}, seed {seed})", flush=True)
         report = verify_bundle(root, admission.manifest, admission.digest, options, None if args.json else _progress)
     if args.json:
-        print_json(report.to_json())
+        print_json(report.to_json(debug=args.debug))
     else:
         _print_summary(report, args.debug)
     code = EXIT[report.verdict]

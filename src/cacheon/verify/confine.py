@@ -13,7 +13,8 @@ import resource
 
 from cacheon.verify.messages import BootLimits
 
-_CAPS = ("CapInh", "CapPrm", "CapEff", "CapAmb")
+#: the capability sets that grant anything to this process (CapBnd only limits what could be gained)
+_CAPS = ("CapPrm", "CapEff", "CapAmb")
 
 
 def drop_to(uid: int, gid: int) -> None:
@@ -28,7 +29,7 @@ def effective_capabilities() -> str:
     """The CapPrm/CapEff/CapAmb masks of this process (``0`` each when nothing is held)."""
     with open("/proc/self/status", encoding="ascii") as status:
         fields = dict(line.split(":\t", 1) for line in status.read().splitlines() if ":\t" in line)
-    return " ".join(f"{k}={int(fields[k], 16):x}" for k in _CAPS[1:] if k in fields)
+    return " ".join(f"{k}={int(fields[k], 16):x}" for k in _CAPS if k in fields)
 
 
 def _set(kind: int, value: int) -> str:

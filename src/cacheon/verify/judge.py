@@ -20,6 +20,7 @@ class Judgement:
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     metric: dict[str, float] = field(default_factory=dict)
+    detail: str = ""  # the candidate's traceback when it raised (shown with --debug only)
 
     @property
     def ok(self) -> bool:
@@ -31,7 +32,7 @@ def judge(
 ) -> Judgement:
     """Inputs the child must still hold unchanged, outputs against the float64 ``reference``."""
     if isinstance(reply, Raised):
-        return Judgement([f"entry raised: {one_line(reply.reason)}"])
+        return Judgement([f"entry raised: {one_line(reply.reason)}"], detail=reply.detail)
     if not isinstance(reply, Result):
         return Judgement([f"the candidate process answered a call with {type(reply).__name__}"])
     try:
@@ -66,7 +67,8 @@ def judge_ranks(
     verdicts = [judge(slot, case, dtype, ranks[r], reference, reply) for r, reply in enumerate(replies)]
     if len(verdicts) == 1:
         return verdicts[0]
-    merged = Judgement([f"rank {r}: {f}" for r, v in enumerate(verdicts) for f in v.failures])
+    merged = Judgement([f"rank {r}: {f}" for r, v in enumerate(verdicts) for f in v.failures],
+                       detail=next((v.detail for v in verdicts if v.detail), ""))
     measured = [v for v in verdicts if v.max_abs_err is not None]
     if measured:
         worst = max(measured, key=lambda v: v.max_abs_err or 0.0)

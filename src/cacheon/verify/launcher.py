@@ -60,9 +60,6 @@ class ChildFailure(Exception):
         self.reason = reason
         self.detail = detail
 
-    def for_rank(self, rank: int) -> ChildFailure:
-        return ChildFailure(self.kind, f"rank {rank}: {self.reason}", self.detail)
-
     def __str__(self) -> str:
         return f"{self.kind}: {self.reason}"
 

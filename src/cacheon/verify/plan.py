@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import random
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 
 from cacheon.contract.inputs import (
@@ -156,11 +156,7 @@ class StabilityCall:
 @dataclass(frozen=True)
 class StabilityPlan:
     sets: tuple[StabilitySet, ...]
-    calls: tuple[StabilityCall, ...] = field(default=())
-
-    @property
-    def checked(self) -> int:
-        return sum(c.checked for c in self.calls)
+    calls: tuple[StabilityCall, ...]
 
 
 def stability_plan(slot: SlotSpec, dtypes: list[str], seed: int, calls: int) -> StabilityPlan:

@@ -46,6 +46,7 @@ class CaseResult:
     metric: dict[str, float] = field(default_factory=dict)
     failures: tuple[str, ...] = ()
     note: str = ""  # how a drawn case's inputs were varied
+    detail: str = ""  # the candidate's traceback when it raised: shown with --debug only
 
     def line(self, mode: str) -> str:
         status = "ok" if self.ok else "FAIL"
@@ -125,9 +126,18 @@ class VerifyReport:
     verdict: Verdict
     reason: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, debug: bool = False) -> dict[str, Any]:
+        """The report as JSON; tracebacks from the candidate's process only when ``debug``."""
         data = asdict(self)
         data["ops"] = [op.to_json() for op in self.ops]
+        if not debug:
+            for op in data["ops"]:
+                op.pop("detail", None)
+                for case in op["cases"]:
+                    case.pop("detail", None)
+                for stage in op["stages"]:
+                    for case in stage["cases"]:
+                        case.pop("detail", None)
         return _finite(data)  # type: ignore[no-any-return]  # a dict in, a dict out
 
 

@@ -148,7 +148,8 @@ def _verify_op(
                           confinement=applied, candidate_output=group.output_tail(), detail=failure.detail)
         output = group.output_tail()
     verdict, reason = _conclude(slot, done, left)
-    return report(verdict, reason, stages=tuple(done), confinement=applied, candidate_output=output)
+    detail = next((c.detail for s in done for c in s.cases if c.detail), "")
+    return report(verdict, reason, stages=tuple(done), confinement=applied, candidate_output=output, detail=detail)
 
 
 def _run_stages(run: stages.Run, done: list[StageResult], emit: Callable[[StageResult], None]) -> None:

@@ -88,7 +88,7 @@ def case_result(
     stage: Stage, dtype: str, case: ShapeCase, trial: int, verdict: Judgement, note: str = ""
 ) -> CaseResult:
     return CaseResult(stage, dtype, case.label(), trial, verdict.ok, verdict.max_abs_err, verdict.max_rel_err,
-                      verdict.metric, tuple(verdict.failures), note)
+                      verdict.metric, tuple(verdict.failures), note, verdict.detail)
 
 
 def eager(run: Run) -> StageResult:
