@@ -30,7 +30,7 @@ from cacheon.verify.graphs import CUDA_BACKEND
 DRAWN_ELEMENT_BUDGET = 1 << 24
 #: a stability call ships at most this many elements per rank, when a registered case allows it
 STABILITY_ELEMENT_BUDGET = 1 << 18
-STABILITY_MAX_TOKENS = 8
+STABILITY_MAX_TOKENS = 4
 #: the share of stability calls the parent judges; the candidate cannot tell which
 STABILITY_CHECK_SHARE = 0.125
 DEFAULT_WORLD_SIZE = 2
