@@ -14,7 +14,9 @@ setup: $(STAMP)
 # Then the real SGLang tiers: the pin (0.5.13.post1, --no-deps plus what its imports need and a
 # named torchvision stand-in), every release of the KV-event interop matrix unpacked side by side
 # under .sglang/, and the pinned Bittensor SDK in its own directory (.chain/).
-$(STAMP): pyproject.toml Makefile scripts/install_sglang_pin.sh scripts/install_sglang_releases.sh scripts/install_chain_pin.sh
+# bubblewrap (a system package): the sandbox `cacheon verify` runs candidate code in.
+$(STAMP): pyproject.toml Makefile scripts/install_sglang_pin.sh scripts/install_sglang_releases.sh scripts/install_chain_pin.sh scripts/install_bubblewrap.sh
+	scripts/install_bubblewrap.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0 triton==3.9.0

@@ -27,6 +27,12 @@ EXPECTED = {
     "patches-tensor-eq": (2, "FAIL", "[module-patch]"),
     "forges-verdict": (2, "FAIL", "candidate output (untrusted)"),
     "graph-stale-replay": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),
+    # Cheats that read the harness; each got NUMERICAL_PASS from the verifier before issue 11 (constant
+    # NaN poison, shapes up to 501 tokens, at most 48 calls per op). Poison drawn per call, shapes
+    # drawn across the serving range and the stability stage catch them.
+    "detects-poison": (2, "FAIL", "output out"),
+    "shape-specialised": (2, "FAIL", "elements outside tolerance"),
+    "first-calls-right": (2, "FAIL", "first: stability"),
 }
 
 
@@ -55,18 +61,19 @@ def test_forged_output_is_shown_as_untrusted_and_ignored(cli):
     assert '{"verdict": "PASS"}' in report["ops"][0]["candidate_output"]
 
 
-def test_isolation_is_reported(cli):
+def test_confinement_is_reported(cli):
     report = json.loads(cli("verify", str(EXAMPLES / "silu-torch"), "--dtype", "float32", "--json").stdout)
-    isolation = report["ops"][0]["isolation"]
-    assert isolation["environment"] == "scrubbed" and isolation["cwd"] == "private"
-    assert isolation["network"].startswith(("isolated", "not isolated"))
-    assert int(isolation["open_files"]) <= 1024
+    assert report["confinement"] == "bubblewrap"
+    applied = report["ops"][0]["confinement"]
+    assert applied["confinement"] == "bubblewrap" and applied["uid"] == "65534"
+    assert applied["capabilities"] == "CapPrm=0 CapEff=0 CapAmb=0"
+    assert int(applied["processes"]) == 256 and int(applied["open_files"]) <= 1024
 
 
 DEPTH = {
     "allreduce-torch": (0, "PASS", "cases matched"),
     "allreduce-broken-local": (2, "FAIL", "rank 0: output out"),
-    "allreduce-broken-fp16": (2, "FAIL", "eager float32"),
+    "allreduce-broken-fp16": (2, "FAIL", "collective float32"),
     "ar-rmsnorm-torch": (0, "PASS", "cases matched"),
     "ar-rmsnorm-broken-no-residual": (2, "FAIL", "output out_norm"),
     "decode-torch": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),
@@ -86,7 +93,7 @@ def test_collective_world_size_three_and_refusals(cli, tmp_path):
     result = cli("verify", str(EXAMPLES / "allreduce-torch"), "--dtype", "float32", "--world-size", "3", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["ops"][0]["isolation"]["world_size"] == 3
+    assert report["ops"][0]["confinement"]["world_size"] == "3"
     for args, text in [
         (("--world-size", "1"), "needs at least 2 ranks"),
         (("--world-size", "2", "--device", "cuda"), "no CUDA device"),
@@ -135,28 +142,3 @@ def test_prepare_is_required_exactly_where_the_slot_has_one(tmp_path):
     )
     with pytest.raises(UsageError, match=r"ops\[0\]\.prepare: missing"):
         load_manifest(root)
-
-
-def test_candidate_has_no_network_when_the_host_allows_isolation(tmp_path):
-    """Scan bypassed on purpose: the child itself must not reach a server listening on loopback."""
-    import socket
-
-    server = socket.create_server(("127.0.0.1", 0))
-    server.settimeout(0.5)
-    port = server.getsockname()[1]
-    write_bundle(
-        tmp_path, "activation.silu_and_mul", "silu_and_mul",
-        "import socket\nimport torch\n\n\ndef silu_and_mul(x, out):\n"
-        f"    socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n"
-        "    d = x.shape[-1] // 2\n    out.copy_(torch.nn.functional.silu(x[..., :d]) * x[..., d:])\n",
-    )
-    try:
-        report = verify_bundle(tmp_path, load_manifest(tmp_path), bundle_digest(tmp_path), VerifyOptions())
-        network = report.ops[0].isolation.get("network", "")
-        if not network.startswith("isolated"):
-            pytest.skip(f"this host cannot isolate the network: {network}")
-        assert report.verdict == "FAIL" and "entry raised" in report.reason and "unreachable" in report.reason
-        with pytest.raises(TimeoutError):
-            server.accept()
-    finally:
-        server.close()

@@ -46,7 +46,7 @@ def four(ledger_path: Path, here: Identity) -> Path:
     """#1 compat pass, #2 a component FAIL, #3 a complete-engine pass, #4 another component pass."""
     with Ledger.open(ledger_path) as ledger:
         add(ledger, here, C.STATIC_CANARY, COMPAT_SUBJECT, Outcome.PASS)
-        add(ledger, here, C.COMPONENT, "bundle:sha256:broken", Outcome.FAIL, control="broken")
+        add(ledger, here, C.COMPONENT, "bundle:sha256:broken", Outcome.FAIL, control="broken", confinement="bubblewrap")
         add(ledger, make_identity("0.5.13.post1", gpus=1), C.COMPLETE_ENGINE, contract_subject("c1"), Outcome.PASS)
         add(ledger, here, C.COMPONENT, "bundle:sha256:faithful", Outcome.PASS)
     return ledger_path
@@ -192,7 +192,7 @@ def test_a_whole_file_replaced_by_another_ledger(
     four.unlink()
     with Ledger.open(four) as forged:  # a fresh, perfectly chained ledger with the story the forger wants
         for _ in range(4):
-            add(forged, here, C.COMPONENT, "bundle:sha256:broken", Outcome.PASS, control="broken")
+            add(forged, here, C.COMPONENT, "bundle:sha256:broken", Outcome.PASS, control="broken", confinement="bubblewrap")
     assert run_cli("evidence", "verify")[0] == 0
     code, out, _ = run_cli("evidence", "verify", "--checkpoint-key", signer[1])
     assert code == 2 and "the ledger file was replaced" in out, out

@@ -32,8 +32,8 @@ def _full_evidence(ledger: Ledger, identity: Identity, version: str) -> None:
         add(ledger, identity, C.PROCEDURE, pin_step_subject(step, version), PASS)
     add(ledger, identity, C.STATIC_CANARY, COMPAT_SUBJECT, PASS)
     add(ledger, identity, C.STATIC_CANARY, CHAIN_COMPAT_SUBJECT, PASS)
-    add(ledger, identity, C.COMPONENT, "bundle:sha256:broken", FAIL, control="broken")
-    add(ledger, identity, C.COMPONENT, "bundle:sha256:faithful", PASS, control="faithful")
+    add(ledger, identity, C.COMPONENT, "bundle:sha256:broken", FAIL, control="broken", confinement="bubblewrap")
+    add(ledger, identity, C.COMPONENT, "bundle:sha256:faithful", PASS, control="faithful", confinement="bubblewrap")
     add(ledger, identity, C.COMPLETE_ENGINE, contract_subject("kv-events"), PASS)
 
 
@@ -88,9 +88,19 @@ def test_negative_controls(ledger_path: Path, records: list, status: str, reason
     with Ledger.open(ledger_path) as ledger:
         add(ledger, identity, C.COMPONENT, "bundle:sha256:uncontrolled", FAIL)  # not a control: ignored
         for index, (control, outcome) in enumerate(records):
-            add(ledger, identity, C.COMPONENT, f"bundle:sha256:{index}", outcome, control=control)
+            add(ledger, identity, C.COMPONENT, f"bundle:sha256:{index}", outcome, control=control, confinement="bubblewrap")
         verdict = {r.gate.key: r.verdict for r in evaluate(ledger.verified(), identity).results}["negative-controls"]
     assert (verdict.status, verdict.reason.split(":")[0]) == (status, reason)
+
+
+@pytest.mark.parametrize("confinement", [{"confinement": "none"}, {}])
+def test_only_confined_controls_count(ledger_path: Path, confinement: dict) -> None:
+    """`--confinement none`, or a record from before verify had a sandbox: an unconfined run."""
+    identity = make_identity(NEW)
+    with Ledger.open(ledger_path) as ledger:
+        add(ledger, identity, C.COMPONENT, "bundle:sha256:b", FAIL, control="broken", confinement="bubblewrap")
+        add(ledger, identity, C.COMPONENT, "bundle:sha256:f", PASS, control="faithful", **confinement)
+        assert _statuses(ledger, identity)["negative-controls"] == "missing"
 
 
 @pytest.mark.parametrize(

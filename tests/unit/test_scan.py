@@ -120,13 +120,19 @@ def test_undeclared_python_is_still_parsed(tmp_path: Path):
     assert scan(tmp_path, declared) == {("hidden.py", 0, "undeclared-file"), ("hidden.py", 2, "net-import")}
 
 
-def test_caches_are_ignored(tmp_path: Path):
+def test_bytecode_is_a_finding(tmp_path: Path):
+    """Never skipped: a __pycache__ directory or a .pyc anywhere refuses the bundle."""
     declared = make_bundle(tmp_path, {"k.py": KERNEL})
     (tmp_path / "__pycache__").mkdir()
     (tmp_path / "__pycache__" / "k.cpython-311.pyc").write_bytes(b"\x00\x01")
     (tmp_path / "stale.pyc").write_bytes(b"\x00")
-    report = scan_bundle(tmp_path, declared)
-    assert report.clean and report.files_scanned == 2
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "old.pyo").write_bytes(b"\x00")
+    assert scan(tmp_path, declared) == {
+        ("__pycache__", 0, "bytecode"),
+        ("stale.pyc", 0, "bytecode"),
+        ("sub/old.pyo", 0, "bytecode"),
+    }
 
 
 def test_oversized_file(tmp_path: Path):

@@ -134,7 +134,8 @@ def test_legit_triton_kernel_is_clean():
         ("import torch\n(torch,)[0].load('w')", {(2, "module-escape")}),
         ("import torch\nhelper(torch)", {(2, "module-escape")}),
         ("def f(m):\n    return m.os.system('id')", {(2, "module-escape")}),
-        ("import torch\n[torch.utils][0].cpp_extension.load('m')", {(2, "native-load")}),
+        # naming torch.utils is itself off the allow-list; its cpp_extension is a native build
+        ("import torch\n[torch.utils][0].cpp_extension.load('m')", {(2, "native-load"), (2, "torch-allow-list")}),
         # private API of allowed modules
         ("import torch\ntorch._C._set_grad_enabled(True)", {(2, "private-api")}),
         ("from torch import _C", {(1, "private-api")}),
@@ -151,7 +152,7 @@ def test_legit_triton_kernel_is_clean():
         ("getattr(tb, 'tb_frame')", {(1, "dunder-escape")}),
         # computed attribute names
         ("def f(x, name):\n    return getattr(x, name)", {(2, "nonliteral-getattr")}),
-        ("def f(x, n):\n    setattr(x, n, 1)", {(2, "nonliteral-getattr")}),
+        ("def f(x, n):\n    setattr(x, n, 1)", {(2, "nonliteral-getattr"), (2, "attribute-assignment")}),
         ("def f(x, a):\n    return getattr(x, *a)", {(2, "nonliteral-getattr")}),
         ("import functools\nfunctools.reduce(getattr, ['a', 'b'], x)", {(2, "nonliteral-getattr")}),
         # imports outside the allow-list
@@ -188,7 +189,10 @@ ALIAS = "alias-dangerous"
         ("g = getattr\ng(x, 'a')", {(1, ALIAS)}),
         # the use comes before the binding: the table is settled before the visit
         ("import torch\ndef k(p): return L(p)\n\nL = torch.load", {(2, "pickle"), (4, "pickle"), (4, ALIAS)}),
-        ("import torch\ndef k(p): return U.cpp_extension.load(p)\n\nU = torch.utils", {(2, "native-load")}),
+        (
+            "import torch\ndef k(p): return U.cpp_extension.load(p)\n\nU = torch.utils",
+            {(2, "native-load"), (4, "torch-allow-list"), (4, ALIAS)},
+        ),
         ("import torch as T\nM = T\nM.load('w')", {(3, "pickle")}),
     ],
 )
@@ -253,3 +257,74 @@ def test_never_raises_on_arbitrary_input(data: bytes):
 def test_a_name_bound_to_too_many_objects_fails_closed():
     source = "import torch\n" + "".join(f"x = torch.f{i}\n" for i in range(20))
     assert (18, "alias-dangerous") in hits(source)
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # torch/triton modules outside the allow-list, each refused with the family it reaches
+        ("import torch\ntorch.utils.collect_env.run('id')", {(2, "subprocess")}),
+        ("from torch.utils import cpp_extension", {(1, "native-load")}),
+        ("import torch\ntorch.compile(f)", {(2, "native-load")}),
+        ("import torch.onnx", {(1, "open-call")}),
+        ("import torch\ntorch.profiler.profile()", {(2, "open-call")}),
+        ("import torch\ntorch.cuda.jiterator._create_jit_fn('code')", {(2, "eval-exec")}),
+        ("import triton.runtime.cache", {(1, "open-call")}),
+        ("import triton\ntriton.testing.do_bench(f)", {(2, "subprocess")}),
+        ("import triton\nx = triton.knobs.cache", {(2, "module-patch"), (2, ALIAS)}),
+        ("import torch\ntorch.distributed.new_group([0, 1])", {(2, "net-import")}),
+        ("import torch.distributed as dist\ndist.destroy_process_group()", {(2, "net-import")}),
+        ("import torch\ntorch.testing.assert_close(a, b)", {(2, "torch-allow-list")}),
+        ("import torch\nm = torch.nn.Linear(2, 2)", {(2, "torch-allow-list")}),
+        # matched by every path a name resolves to, not only as written
+        ("import torch\ntorch.cuda.change_current_allocator(a)", {(2, "module-patch")}),  # torch.cuda.memory.*
+        ("import torch\ntorch.cuda.CUDAPluggableAllocator('x.so', 'a', 'f')", {(2, "native-load")}),
+        ("from torch.serialization import load", {(1, "pickle")}),
+        ("import torch.nn.functional as F\nF.torch.serialization.load('w')", {(2, "pickle")}),
+        ("import torch\nimport torch.nn.functional as F\nF.warnings.warn('x')", {(3, "module-escape")}),
+        # type comments are read as the code they name
+        ("def f(x):  # type: (__import__('os').system) -> None\n    pass", {(1, "dynamic-import")}),
+        ("x = []  # type: eval('1')", {(1, "eval-exec")}),
+        ("x = 1\n# type: int", {(2, "syntax-error")}),
+        # dunder names the bundle defines
+        ("class K:\n    def __eq__(self, other):\n        return True", {(2, "dunder-definition")}),
+        ("def __getattr__(name):\n    return name", {(1, "dunder-definition")}),
+        ("class __K__:\n    pass", {(1, "dunder-definition")}),
+        ("__builtins__ = {}", {(1, "dunder-definition")}),
+        ("def f(__class__):\n    pass", {(1, "dunder-definition")}),
+        ("import torch as __t__", {(1, "dunder-definition")}),
+        ("class K:\n    def __init__(self):\n        self.__hash__ = None", {(3, "dunder-definition")}),
+        # attributes of objects the bundle does not own
+        ("def k(x, out):\n    type(out).add_ = None", {(2, "attribute-assignment")}),
+        ("def k(x, out):\n    out.data = x", {(2, "attribute-assignment")}),
+        ("class K:\n    pass\n\n\nK.attr = 1", {(5, "attribute-assignment")}),
+        ("def k(x):\n    del x.grad", {(2, "attribute-assignment")}),
+        ("def k(x):\n    setattr(x, 'grad', None)", {(2, "attribute-assignment")}),
+        ("class K:\n    @classmethod\n    def make(cls):\n        cls.n = 1", {(4, "attribute-assignment")}),
+        # format strings that walk attributes
+        ("'{0.__class__.__mro__}'.format(x)", {(1, "dunder-escape")}),
+        ("t = '{x.__globals__}'\nt.format_map({'x': f})", {(1, "dunder-escape")}),
+        ("'{0:{1.__class__}}'.format(1, x)", {(1, "dunder-escape")}),
+        ("'{0.gi_frame}'.format(g)", {(1, "dunder-escape")}),
+    ],
+)
+def test_issue_11_holes_are_closed(source: str, expected: set[tuple[int, str]]):
+    assert hits(source) == expected
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch\nx = torch.einsum('ij,jk->ik', a, b)",  # defined in torch.functional: a math module
+        "import torch\nwith torch.no_grad():\n    pass",
+        "import torch\ns = torch.cuda.current_stream()\nc = torch.cuda.is_current_stream_capturing()",
+        "import torch.distributed as dist\ndist.all_reduce(x, op=dist.ReduceOp.SUM, group=g)",
+        "import triton.language as tl\nimport triton.language.extra.libdevice as ld",
+        "import torch\ny = torch.linalg.vector_norm(x)",
+        "class K:\n    def __init__(self):\n        self.x = 1\n\n\nk = K()\nk.y = 2",
+        "'{0} {1:.3f} {name!r}'.format(a, b, name=c)",
+        "x = 1  # type: int",
+    ],
+)
+def test_what_kernels_need_stays_clean(source: str):
+    assert hits(source) == set()

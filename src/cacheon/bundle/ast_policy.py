@@ -3,7 +3,12 @@
 Defense in depth, not trust: the real guard is the isolated child process that loads a bundle.
 This policy rejects sources that *name* a way out (network, processes, native code, pickles,
 dynamic code, files, reflection, monkey-patching) before any of their code runs. Imports are an
-allow-list; the well-known dangerous families get their own rule ids so a finding says why.
+allow-list, and inside torch and triton so are their modules (``surface``); the dangerous
+families get their own rule ids so a finding says why, and a name is matched by every path it
+resolves to (``torch.load`` is also ``torch.serialization.load``).
+
+Also refused: names the bundle defines with dunder names, assignment to attributes of objects the
+bundle does not own, format strings that walk attributes, and whatever a type comment names.
 
 Values are tracked through one module-wide symbol table (imports, plain assignments, literal
 ``getattr``), settled to a fixpoint so the order of definitions does not matter. Values that
@@ -15,12 +20,15 @@ from __future__ import annotations
 
 import ast
 import io
+import string
 import sys
 import tokenize
 from collections.abc import Iterable, Iterator
 from fnmatch import fnmatchcase
 from functools import lru_cache
 from pathlib import PurePosixPath
+
+from cacheon.bundle import surface
 
 Hit = tuple[int, str, str]  # (line, rule, message)
 
@@ -32,7 +40,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "net-import": (
         "socket", "ssl", "asyncio", "urllib", "urllib3", "http", "httpx", "requests", "aiohttp",
         "ftplib", "smtplib", "poplib", "imaplib", "telnetlib", "xmlrpc", "socketserver", "websocket",
-        "websockets", "zmq", "grpc", "paramiko", "torch.hub", "torch.distributed.rpc",
+        "websockets", "zmq", "grpc", "paramiko", "torch.hub", "torch.distributed.rpc", "torch.utils.model_zoo",
         "torch.distributed.TCPStore", "torch.distributed.init_process_group",
     ),
     "subprocess": (
@@ -40,28 +48,33 @@ FAMILIES: dict[str, tuple[str, ...]] = {
         "pexpect", "sh", "os.system", "os.popen", "os.exec*", "os.spawn*", "os.posix_spawn*",
         "os.fork*", "os.kill*", "os.startfile", "torch.multiprocessing", "torch.utils.data",
         "torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launch*",
+        "torch.utils.collect_env", "triton.testing",
     ),
     "ctypes": ("ctypes", "_ctypes", "cffi", "mmap"),
     "native-load": (
         "torch.utils.cpp_extension", "torch.ops.load_library", "torch.classes.load_library",
-        "triton.compile", "triton.compiler", "triton.runtime.build",
-        "triton.runtime.driver.active.utils.load_binary", "torch.cuda.memory.CUDAPluggableAllocator",
+        "triton.compile", "triton.compiler", "triton.runtime.build", "triton.runtime.driver", "triton.backends",
+        "triton.tools", "torch.cuda.memory", "torch.compile", "torch.compiler", "torch.ops", "torch.classes",
+        "torch.utils.benchmark", "torch.nativert",
     ),
     "pickle": (
         "pickle", "_pickle", "cPickle", "marshal", "shelve", "dill", "cloudpickle", "joblib", "copyreg",
         "torch.load", "torch.serialization", "torch.package", "torch.jit.load", "torch.export.load",
+        "torch.utils.show_pickle",
     ),
     "dynamic-import": ("importlib", "imp", "pkgutil", "zipimport", "runpy", "builtins.__import__",
                        "builtins.help", "torch.ops.import_module"),
     "eval-exec": (
         "builtins.eval", "builtins.exec", "builtins.compile", "code", "codeop", "typing.get_type_hints",
         "typing.ForwardRef", "typing.evaluate_forward_ref", "builtins.breakpoint", "torch.jit.CompilationUnit",
-        "torch.fx",
+        "torch.fx", "torch.jit", "torch.export", "torch.cuda.jiterator",
     ),
     "open-call": (
         "builtins.open", "io", "_io", "os.open", "os.fdopen", "codecs", "pathlib", "shutil", "tempfile",
         "fileinput", "glob", "torch.save", "torch.from_file", "torch.*Storage.from_file",
-        "torch.jit.save", "torch.export.save",
+        "torch.jit.save", "torch.export.save", "torch.onnx", "torch.profiler", "torch.utils.tensorboard",
+        "torch.utils.hipify", "torch.utils.file_baton", "torch.utils.model_dump", "torch.utils.viz", "torch.cuda.gds",
+        "triton.runtime.cache",
     ),
     "reflection": ("builtins.globals", "builtins.locals", "builtins.vars", "sys.modules", "sys._getframe",
                    "inspect", "gc"),
@@ -69,7 +82,8 @@ FAMILIES: dict[str, tuple[str, ...]] = {
         "torch.library", "torch.overrides", "torch.set_*", "torch.use_deterministic_algorithms",
         "torch.manual_seed", "torch.seed", "torch.random", "torch.cuda.manual_seed*", "torch.cuda.set_*",
         "torch.backends.*.enable_*", "torch.cuda.memory.change_current_allocator",
-        "torch.nn.modules.module.register_module_*",
+        "torch.nn.modules.module.register_module_*", "torch.backends", "torch.cuda.random", "torch.cuda.tunable",
+        "torch.utils.deterministic", "torch.utils.backend_registration", "triton.knobs",
     ),
 }  # fmt: skip
 
@@ -95,7 +109,13 @@ RULES: dict[str, str] = {
     "nonliteral-getattr": "getattr/setattr/delattr with a computed name, or used as a plain value",
     "alias-dangerous": "a name bound to a forbidden object by assignment (`f = os.system`, `e = eval`)",
     "source-encoding": "a coding cookie other than UTF-8 (what Python runs differs from what reviewers read)",
-    "syntax-error": "the source does not parse, or is too deeply nested to analyse",
+    "syntax-error": "the source does not parse (type comments included), or is too deeply nested to analyse",
+    "torch-allow-list": "a torch/triton module or member outside the kernel allow-list (torch, torch.nn.functional, "
+    "torch.linalg/special/fft, torch.cuda, the collective calls of torch.distributed, triton, triton.language)",
+    "dunder-definition": "a dunder name defined by the bundle (function, class, attribute, assignment, argument); "
+    "only __init__, __post_init__, __all__ and __slots__ may be defined",
+    "attribute-assignment": "assignment to an attribute of an object the bundle does not own (a parameter, "
+    "type(x), a class, anything but self in a method of a bundle class or an instance it made)",
 }
 
 _PATTERNS = tuple((pattern, rule) for rule, patterns in FAMILIES.items() for pattern in patterns)
@@ -126,6 +146,9 @@ _SAFE_DUNDERS = frozenset({
     "__getitem__", "__hash__", "__init__", "__iter__", "__len__", "__module__", "__name__", "__next__",
     "__post_init__", "__qualname__", "__repr__", "__setitem__", "__slots__", "__str__", "__version__",
 })  # fmt: skip
+#: dunder names a bundle may define; any other (``__eq__``, ``__getattr__``, ``__del__``...) hooks a
+#: protocol that code outside the bundle may run implicitly
+_DEFINABLE_DUNDERS = frozenset({"__all__", "__init__", "__post_init__", "__slots__"})
 _TOO_DEEP: Hit = (0, "syntax-error", "nested too deeply to analyse")
 _IMPORTABLE = ALLOWED_ROOTS | {LOCAL}
 _MAX_ALIAS_PASSES = 8  # ordinary code settles in two or three
@@ -154,7 +177,7 @@ def check_source(data: bytes, rel: str, roots: frozenset[str]) -> list[Hit]:
     """
     try:
         encoding, cookie_lines = tokenize.detect_encoding(io.BytesIO(data).readline)
-        tree = ast.parse(data, filename=rel)
+        tree = _parse(data, rel)
     except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes, on some 3.11 releases
         return [(getattr(exc, "lineno", None) or 0, "syntax-error", str(getattr(exc, "msg", exc)))]
     except (RecursionError, MemoryError):
@@ -167,6 +190,51 @@ def check_source(data: bytes, rel: str, roots: frozenset[str]) -> list[Hit]:
     if encoding not in ("utf-8", "utf-8-sig"):
         checker.hits.append((len(cookie_lines), "source-encoding", f"declares coding {encoding}"))
     return checker.hits
+
+
+def _parse(data: bytes, rel: str) -> ast.Module:
+    """Parse with type comments (they are checked as code); one Python would not place is an error."""
+    try:
+        return ast.parse(data, filename=rel, type_comments=True)
+    except SyntaxError as exc:
+        ast.parse(data, filename=rel)  # a plain syntax error is reported as such
+        exc.msg = f"{exc.msg} (a type comment in a place Python does not allow one)"
+        raise
+
+
+def top_level_functions(data: bytes) -> frozenset[str] | None:
+    """Names of the functions a source defines at module level; None if it does not parse."""
+    try:
+        tree = ast.parse(data)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    return frozenset(n.name for n in tree.body if isinstance(n, ast.FunctionDef))
+
+
+def _format_fields(text: str, depth: int = 0) -> Iterator[str]:
+    """The replacement fields of ``text`` read as a str.format template (nested specs included)."""
+    try:
+        parsed = list(string.Formatter().parse(text))
+    except ValueError:
+        return
+    for _literal, name, spec, _conversion in parsed:
+        if name:
+            yield name
+        if spec and depth < 2:
+            yield from _format_fields(spec, depth + 1)
+
+
+def _format_walks(text: str) -> list[str]:
+    """Introspective attributes a format template would read (``{0.__class__}``, ``{x.f_globals}``)."""
+    if "{" not in text:
+        return []
+    walks = []
+    for name in _format_fields(text):
+        for attr in name.split(".")[1:]:
+            attr = attr.split("[")[0]
+            if _introspective(attr) or _is_dunder(attr):
+                walks.append(attr)
+    return walks
 
 
 @lru_cache(maxsize=8192)
@@ -186,12 +254,32 @@ def classify(qname: str) -> tuple[str, str] | None:
         for segment in parts[1:]:
             if segment.startswith("_") and not _is_dunder(segment):
                 return "private-api", f"private {segment} in {qname}"
-    return None
+    return _surface(qname)
+
+
+def _surface(qname: str) -> tuple[str, str] | None:
+    """torch/triton names: the families matched against every path, then the allow-list."""
+    resolved = surface.resolve(qname)
+    if resolved is None:
+        return None
+    if resolved.escape is not None:
+        return "module-escape", f"module {resolved.escape} via {qname}"
+    for path in (resolved.written, *resolved.defined):
+        rule = _family(path)
+        if rule:
+            return rule, qname if path == qname else f"{qname} is {path}"
+    refused = surface.refused_member(resolved.written)
+    if refused is None:
+        return None
+    module, member = refused
+    rule = surface.REFUSED_MEMBER_RULE.get(module, "torch-allow-list")
+    return rule, f"{module}.{member} is not on the kernel allow-list"
 
 
 def _family(qname: str) -> str | None:
+    """The rule of the longest dotted prefix of ``qname`` that a family names."""
     parts = qname.split(".")
-    for k in range(1, len(parts) + 1):
+    for k in range(len(parts), 0, -1):
         prefix = ".".join(parts[:k])
         rule = _EXACT.get(prefix) or next((r for p, r in _GLOBS if fnmatchcase(prefix, p)), None)
         if rule:
@@ -246,6 +334,9 @@ class _Checker(ast.NodeVisitor):
         self.saturated: set[str] = set()  # names that hit _MAX_BINDINGS
         self.anchored: set[int] = set()  # ids of nodes where naming a module/getattr is fine
         self.hits: list[Hit] = []
+        self.classes: set[str] = set()  # classes the bundle defines
+        self.methods: set[int] = set()  # ids of functions defined directly in a bundle class body
+        self.owned: list[set[str]] = []  # per scope: names holding objects the bundle made (self, instances)
 
     def run(self, tree: ast.Module) -> None:
         pairs: list[tuple[ast.Name, ast.expr]] = []
@@ -258,7 +349,55 @@ class _Checker(ast.NodeVisitor):
                         if isinstance(node, ast.Import):
                             self.modules.add(bound)
         self._settle_aliases(pairs)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                self.classes.add(node.name)
+                self.methods.update(id(f) for f in node.body if isinstance(f, ast.FunctionDef) and not any(
+                    isinstance(d, ast.Name) and d.id in ("staticmethod", "classmethod") for d in f.decorator_list))
+        self.owned.append(self._instances(tree.body))
         self.visit(tree)
+
+    def _instances(self, body: list[ast.stmt]) -> set[str]:
+        """Names bound in ``body`` to a call of a bundle class: objects the bundle made."""
+        names: set[str] = set()
+        for stmt in body:
+            for node in ast.walk(stmt):
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+                    func = node.value.func
+                    if isinstance(func, ast.Name) and func.id in self.classes:
+                        names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        return names
+
+    def _owns(self, node: ast.expr) -> bool:
+        return isinstance(node, ast.Name) and any(node.id in scope for scope in self.owned)
+
+    def _defines(self, node: ast.AST, name: str | None, what: str) -> None:
+        if name and _is_dunder(name) and name not in _DEFINABLE_DUNDERS:
+            self._hit(node, "dunder-definition", f"{what} {name}")
+
+    def visit(self, node: ast.AST) -> None:
+        comment = getattr(node, "type_comment", None)
+        if isinstance(comment, str):
+            self._type_comment(node, comment)
+        super().visit(node)
+
+    def _type_comment(self, node: ast.AST, comment: str) -> None:
+        """A type comment is checked as the code it names (a function's: its argument and return types)."""
+        mode = "func_type" if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else "eval"
+        try:
+            parsed = ast.parse(comment, mode=mode)
+        except (SyntaxError, ValueError):
+            return  # Python never evaluates it, and it names nothing that parses
+        if isinstance(parsed, ast.FunctionType):
+            exprs = [*parsed.argtypes, parsed.returns]
+        elif isinstance(parsed, ast.Expression):
+            exprs = [parsed.body]
+        else:
+            return
+        for expr in exprs:
+            ast.increment_lineno(expr, getattr(node, "lineno", 1) - 1)
+            self.visit(expr)
+            self._string_annotation(expr)
 
     def _hit(self, node: ast.AST, rule: str, message: str) -> None:
         self.hits.append((getattr(node, "lineno", 0), rule, message))
@@ -351,12 +490,16 @@ class _Checker(ast.NodeVisitor):
                 self._hit(node, "forbidden-import", f"import of {subject}: not on the allow-list")
             if bound is None and not subject.startswith(LOCAL):
                 self._hit(node, "star-import", f"from {subject} import *")
+        for alias in node.names:
+            self._defines(node, alias.asname, "import alias")
 
     visit_ImportFrom = visit_Import
 
     def visit_Name(self, node: ast.Name) -> None:
         reported = isinstance(node.ctx, ast.Load) and self._use(node, self._resolve(node))
-        if not reported and _unsafe_dunder(node.id):
+        if not isinstance(node.ctx, ast.Load):
+            self._defines(node, node.id, "name")
+        elif not reported and _unsafe_dunder(node.id):
             self._hit(node, "dunder-escape", f"name {node.id}")
         if isinstance(node.ctx, ast.Load) and id(node) not in self.anchored:
             if node.id in self.modules:
@@ -371,7 +514,11 @@ class _Checker(ast.NodeVisitor):
                 return
         elif self._resolve(node.value):
             self._hit(node, "module-patch", f"assignment to {ast.unparse(node)}")
-        if _introspective(node.attr):
+        elif not self._owns(node.value):
+            self._hit(node, "attribute-assignment", f"assignment to {ast.unparse(node)}")
+        if not isinstance(node.ctx, ast.Load) and _is_dunder(node.attr):
+            self._defines(node, node.attr, "attribute")
+        elif _introspective(node.attr):
             self._hit(node, "dunder-escape", f"attribute {node.attr}")
         elif node.attr in _UNTRACKED_ATTRS and not self._resolve(node.value):
             self._hit(node, _UNTRACKED_ATTRS[node.attr], f"attribute .{node.attr} of an untracked object")
@@ -396,6 +543,8 @@ class _Checker(ast.NodeVisitor):
             self._hit(node, "dunder-escape", f"{fname}(..., {name.value!r})")
         if fname != "getattr" and args and self._resolve(args[0]):
             self._hit(node, "module-patch", f"{fname}() on {ast.unparse(args[0])}")
+        elif fname != "getattr" and args and not self._owns(args[0]):
+            self._hit(node, "attribute-assignment", f"{fname}() on {ast.unparse(args[0])}")
 
     def visit_Assign(self, node: ast.Assign | ast.AnnAssign | ast.NamedExpr) -> None:
         for target, value in _alias_pairs(node):
@@ -410,14 +559,42 @@ class _Checker(ast.NodeVisitor):
     visit_AnnAssign = visit_NamedExpr = visit_Assign
 
     def visit_arg(self, node: ast.arg) -> None:
+        self._defines(node, node.arg, "argument")
         self._string_annotation(node.annotation)
         self.generic_visit(node)
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        self._defines(node, node.name, "function")
         self._string_annotation(node.returns)
+        owned = self._instances(node.body)
+        positional = [*node.args.posonlyargs, *node.args.args]
+        if id(node) in self.methods and positional:
+            owned.add(positional[0].arg)  # self: an instance of the bundle's own class
+        self.owned.append(owned)
         self.generic_visit(node)
+        self.owned.pop()
 
     visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self._defines(node, node.name, "class")
+        self.generic_visit(node)
+
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
+        self._defines(node, node.name, "exception name")
+        self.generic_visit(node)
+
+    def visit_Global(self, node: ast.Global | ast.Nonlocal) -> None:
+        for name in node.names:
+            self._defines(node, name, "name")
+
+    visit_Nonlocal = visit_Global
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        """A string that str.format or format_map would read as walking attributes."""
+        if isinstance(node.value, str):
+            for attr in _format_walks(node.value):
+                self._hit(node, "dunder-escape", f"format string reads .{attr}")
 
     def _string_annotation(self, annotation: ast.expr | None) -> None:
         """String annotations are code: typing.get_type_hints (and singledispatch) evaluate them."""

@@ -13,8 +13,9 @@ BUNDLE_DOMAIN = b"cacheon.bundle.v1\x00"
 
 def bundle_digest(bundle_dir: Path) -> str:
     """sha256 over the domain, then for each file in sorted relative-path order: len(path) path
-    len(bytes) bytes (lengths as 8-byte big-endian). Caches (``__pycache__``, ``*.pyc``) are ignored.
-    Symlinks are refused: their meaning depends on the host."""
+    len(bytes) bytes (lengths as 8-byte big-endian). Every file counts, bytecode included (which the
+    scan refuses): the digest names exactly what is there. Symlinks are refused: their meaning
+    depends on the host."""
     root = Path(bundle_dir)
     h = hashlib.sha256(BUNDLE_DOMAIN)
     for rel in walk_files(root):

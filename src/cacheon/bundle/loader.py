@@ -1,55 +1,169 @@
-"""Importing a bundle's entry function. Only ever called after ``scan`` admitted the bundle, and by
-the verifier only inside its isolated child process."""
+"""Importing a bundle's entry function, from its declared ``.py`` sources and nothing else.
+
+Only ever called after ``scan`` admitted the bundle, and by the verifier only inside its sandboxed
+child. The bundle root is never put on ``sys.path``: a meta-path finder serves exactly the
+manifest's declared sources, under a package private to that bundle, through a loader that
+compiles the source text itself. No bytecode is read (a shipped ``.pyc`` or ``__pycache__`` is
+never looked at) and none is written. A source may import its siblings relatively
+(``from . import helper``) or by their top-level name (``import helper``); the latter is mapped
+onto the bundle's own package, so two bundles in one process never see each other's modules.
+"""
 
 from __future__ import annotations
 
+import builtins
 import hashlib
+import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from types import ModuleType
 from typing import Any
 
-from cacheon.bundle.manifest import OpEntry
+from cacheon.bundle.manifest import OpEntry, load_manifest
 from cacheon.errors import UsageError
 
+_real_import = builtins.__import__
 
-def _refuse_shadowing(root: Path) -> None:
-    """A bundle module named like an installed one (``numpy.py``) would silently lose to, or
-    replace, the host's module depending on import order; refuse the ambiguity outright."""
-    for child in sorted(root.iterdir()):
-        name = child.stem if child.suffix == ".py" else child.name
-        if not (child.suffix == ".py" or (child / "__init__.py").is_file()):
-            continue
-        spec = importlib.util.find_spec(name) if name not in sys.modules else sys.modules[name].__spec__
-        origin = getattr(spec, "origin", None) if spec is not None else None
-        if spec is not None and not (origin and Path(origin).resolve().is_relative_to(root)):
-            raise UsageError(f"bundle module {child.name!r} shadows the installed module {name!r}; rename it")
+
+def module_name(rel: str) -> str | None:
+    """The dotted name of a declared source (``kernels/k.py`` → ``kernels.k``), None if its path
+    is not made of identifiers (then it is importable only as an op source, not by siblings)."""
+    parts = list(PurePosixPath(rel).parts)
+    if not parts or not parts[-1].endswith(".py"):
+        return None
+    parts[-1] = parts[-1].removesuffix(".py")
+    if parts[-1] == "__init__":
+        parts.pop()
+    if not parts or not all(p.isidentifier() for p in parts):
+        return None
+    return ".".join(parts)
+
+
+class _SourceLoader(importlib.abc.Loader):
+    """Compile and run one declared source file; ``path`` None makes an empty package."""
+
+    def __init__(self, path: Path | None, importer: Callable[..., ModuleType]) -> None:
+        self.path = path
+        self.importer = importer
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        scope = dict(vars(builtins))
+        scope["__import__"] = self.importer
+        module.__dict__["__builtins__"] = scope
+        if self.path is None:
+            return
+        code = compile(self.path.read_bytes(), str(self.path), "exec", dont_inherit=True)
+        exec(code, module.__dict__)
+
+
+class BundleImporter(importlib.abc.MetaPathFinder):
+    """Serves one bundle's declared sources as ``<prefix>.<dotted name>`` modules."""
+
+    def __init__(self, root: Path, declared: Iterable[str]) -> None:
+        self.root = root
+        self.prefix = "_cacheon_bundle_" + hashlib.sha256(str(root).encode()).hexdigest()[:12]
+        self.files: dict[str, Path] = {}
+        packages: set[str] = set()
+        with_init: set[str] = set()
+        for rel in declared:
+            name = module_name(rel)
+            if name is None:
+                continue
+            self.files[name] = root / rel
+            parts = name.split(".")
+            packages.update(".".join(parts[:i]) for i in range(1, len(parts)))
+            if PurePosixPath(rel).name == "__init__.py":
+                with_init.add(name)
+        self.packages = frozenset(packages | with_init)
+        self.packages_with_init = frozenset(with_init)
+        self.roots = frozenset(name.split(".")[0] for name in self.files)
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname == self.prefix:
+            local = ""
+        elif fullname.startswith(self.prefix + "."):
+            local = fullname[len(self.prefix) + 1 :]
+        else:
+            return None
+        if local and local not in self.files and local not in self.packages:
+            return None
+        file = self.files.get(local) if local else None
+        is_package = not local or local in self.packages
+        spec = importlib.machinery.ModuleSpec(
+            fullname, _SourceLoader(file, self.import_for_bundle), origin=str(file) if file else None,
+            is_package=is_package,
+        )
+        spec.has_location = file is not None
+        return spec
+
+    def import_for_bundle(
+        self,
+        name: str,
+        globals: Mapping[str, Any] | None = None,
+        locals: Mapping[str, Any] | None = None,
+        fromlist: Sequence[str] = (),
+        level: int = 0,
+    ) -> ModuleType:
+        """``__import__`` as the bundle's modules see it: their siblings' top-level names map onto
+        the bundle's package; every other import is the interpreter's own."""
+        top = name.split(".")[0]
+        if level or top not in self.roots:
+            return _real_import(name, globals, locals, fromlist, level)
+        _real_import(f"{self.prefix}.{name}", globals, locals, fromlist, 0)
+        return sys.modules[f"{self.prefix}.{name if fromlist else top}"]
+
+    def import_source(self, rel: str) -> ModuleType:
+        name = module_name(rel)
+        if name is not None:
+            return importlib.import_module(f"{self.prefix}.{name}")
+        synthetic = f"{self.prefix}_source_{hashlib.sha256(rel.encode()).hexdigest()[:12]}"
+        module = sys.modules.get(synthetic)
+        if module is None:
+            spec = importlib.util.spec_from_loader(synthetic, _SourceLoader(self.root / rel, self.import_for_bundle))
+            assert spec is not None and spec.loader is not None  # spec_from_loader with a loader
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[synthetic] = module
+            spec.loader.exec_module(module)
+        return module
+
+
+_importers: dict[Path, BundleImporter] = {}
+
+
+def _refuse_shadowing(importer: BundleImporter) -> None:
+    """A bundle module named like an installed one (``numpy.py``) reads as the real module to a
+    reviewer; refuse the ambiguity outright."""
+    for name in sorted(importer.roots & (importer.files.keys() | importer.packages_with_init)):
+        if name in sys.modules or importlib.util.find_spec(name) is not None:
+            raise UsageError(f"bundle module {name!r} shadows the installed module {name!r}; rename it")
+
+
+def importer_for(bundle_dir: Path) -> BundleImporter:
+    """The one importer of the bundle at ``bundle_dir`` in this process (installed on first use)."""
+    root = Path(bundle_dir).resolve()
+    importer = _importers.get(root)
+    if importer is None:
+        importer = BundleImporter(root, load_manifest(root).declared_files())
+        _refuse_shadowing(importer)
+        sys.meta_path.insert(0, importer)
+        _importers[root] = importer
+    return importer
 
 
 def load_entry(bundle_dir: Path, op: OpEntry, name: str | None = None) -> Callable[..., Any]:
-    """Import ``op.source`` under a private module name and return its function ``name``
-    (default: the op's entry; or its ``prepare``).
-
-    The bundle root goes on ``sys.path`` so a source may import the bundle's declared helper modules.
-    """
-    root = Path(bundle_dir).resolve()
-    _refuse_shadowing(root)
-    path = root / op.source
-    tag = hashlib.sha256(str(path).encode()).hexdigest()[:12]
-    module_name = f"cacheon_bundle_{tag}_{path.stem}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise UsageError(f"{path}: cannot be imported as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+    """Import ``op.source`` and return its function ``name`` (default: the op's entry; or its ``prepare``)."""
+    module = importer_for(bundle_dir).import_source(op.source)
     name = name or op.entry
     function = getattr(module, name, None)
     if not callable(function):
         raise UsageError(f"{op.source}: has no callable {name!r} (named by the manifest for {op.slot})")
-    return function
+    return function  # type: ignore[no-any-return]  # callable() checked it; its signature is the bundle's

@@ -7,13 +7,14 @@ from pathlib import Path, PurePosixPath
 
 from cacheon.errors import UsageError
 
-#: caches that are neither content nor declared; ignored by digest, scan and packaging
-CACHE_DIRS = frozenset({"__pycache__"})
-CACHE_SUFFIXES = (".pyc", ".pyo")
+#: bytecode: not reviewable, and what Python would run instead of the scanned source. A bundle
+#: holding any is refused by the scan, by packaging and by archive extraction (never skipped).
+BYTECODE_DIRS = frozenset({"__pycache__"})
+BYTECODE_SUFFIXES = (".pyc", ".pyo")
 
 
-def is_cache(rel: PurePosixPath) -> bool:
-    return any(part in CACHE_DIRS for part in rel.parts) or rel.name.endswith(CACHE_SUFFIXES)
+def is_bytecode(rel: PurePosixPath) -> bool:
+    return any(part in BYTECODE_DIRS for part in rel.parts) or rel.name.endswith(BYTECODE_SUFFIXES)
 
 
 def check_relative(text: str, where: str) -> PurePosixPath:
@@ -47,12 +48,10 @@ def resolve_file(root: Path, rel: PurePosixPath, where: str) -> Path:
 
 
 def walk_files(root: Path) -> list[PurePosixPath]:
-    """Every non-cache entry below ``root`` as sorted relative paths, symlinks included (not followed)."""
+    """Every entry below ``root`` but directories, as sorted relative paths, symlinks included (not followed)."""
     found: list[PurePosixPath] = []
     for path in sorted(root.rglob("*")):
         rel = PurePosixPath(path.relative_to(root).as_posix())
-        if is_cache(rel):
-            continue
         if path.is_symlink() or not path.is_dir():
             found.append(rel)
     return found

@@ -7,7 +7,7 @@ admits a bundle only to the isolated child process, which stays the real guard. 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -15,8 +15,13 @@ from typing import Any
 from cacheon.bundle import ast_policy, tree_policy
 from cacheon.errors import UsageError
 
+ENTRY_RULE = "missing-entry"
 #: every rule id the scan can report, with what it catches
-RULES: dict[str, str] = {**tree_policy.RULES, **ast_policy.RULES}
+RULES: dict[str, str] = {
+    **tree_policy.RULES,
+    **ast_policy.RULES,
+    ENTRY_RULE: "a manifest entry or prepare that names no top-level function of its source (a manifest error)",
+}
 
 
 @dataclass(frozen=True, order=True)
@@ -43,6 +48,10 @@ class ScanReport:
     def clean(self) -> bool:
         return not self.findings
 
+    def manifest_errors(self) -> list[Finding]:
+        """Findings that make the manifest itself unusable (exit 1, not a verdict)."""
+        return [f for f in self.findings if f.rule == ENTRY_RULE]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "clean": self.clean,
@@ -51,10 +60,11 @@ class ScanReport:
         }
 
 
-def scan_bundle(root: Path, declared: Iterable[str]) -> ScanReport:
+def scan_bundle(root: Path, declared: Iterable[str], entries: Mapping[str, Iterable[str]] | None = None) -> ScanReport:
     """Scan the bundle at ``root``; ``declared`` are the manifest's relative POSIX paths
-    (``manifest.toml``, every op source, every include). Raises :class:`UsageError` when
-    ``root`` is not a readable directory."""
+    (``manifest.toml``, every op source, every include), ``entries`` the function names the
+    manifest expects at the top level of each source. Raises :class:`UsageError` when ``root``
+    is not a readable directory."""
     root = Path(root)
     if not root.is_dir():
         raise UsageError(f"{root} is not a bundle directory")
@@ -64,4 +74,9 @@ def scan_bundle(root: Path, declared: Iterable[str]) -> ScanReport:
     roots = ast_policy.local_roots(declared)
     for rel, data in tree.sources:
         found.update(Finding(rel, *hit) for hit in ast_policy.check_source(data, rel, roots))
+        functions = ast_policy.top_level_functions(data)
+        for name in sorted((entries or {}).get(rel, ())):
+            if functions is not None and name not in functions:
+                found.add(Finding(rel, 0, ENTRY_RULE, f"the manifest names {name!r}, which is not a top-level "
+                                  f"function of {rel}"))
     return ScanReport(tuple(sorted(found)), tree.files)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from cacheon.bundle.paths import CACHE_DIRS, is_cache
+from cacheon.bundle.paths import BYTECODE_DIRS, is_bytecode
 from cacheon.errors import UsageError
 
 TreeHit = tuple[str, str, str]  # (relative path, rule, message)
@@ -39,6 +39,8 @@ RULES: dict[str, str] = {
     "binary-file": "binary content (NUL bytes, not UTF-8) or a binary extension (.so, .pt, .pkl, .npy, ...)",
     "precompiled-artifact": "a precompiled GPU kernel (.ptx, .cubin, .fatbin, .hsaco): not reviewable source",
     "oversized-file": f"a file over {MAX_FILE_BYTES} bytes",
+    "bytecode": "compiled Python (a __pycache__ directory, *.pyc, *.pyo): not reviewable, and it could run "
+    "instead of the scanned source",
 }
 
 
@@ -54,8 +56,8 @@ class TreeScan:
 def scan_tree(root: str | os.PathLike[str], declared: Iterable[str]) -> TreeScan:
     """Walk ``root`` (without following links) and apply the tree policy to every entry.
 
-    Caches (``__pycache__``, ``*.pyc``) are skipped, as the digest skips them. Unreadable
-    directories or files are unusable input (:class:`UsageError`), not findings.
+    Bytecode (``__pycache__``, ``*.pyc``) is a finding, never skipped. Unreadable directories or
+    files are unusable input (:class:`UsageError`), not findings.
     """
     wanted = {PurePosixPath(p).as_posix() for p in declared}
     seen: set[str] = set()
@@ -70,11 +72,15 @@ def scan_tree(root: str | os.PathLike[str], declared: Iterable[str]) -> TreeScan
             elif entry.is_symlink():
                 out.hits.append((rel, "symlink", "symbolic link; not followed"))
             elif entry.is_dir(follow_symlinks=False):
-                if entry.name not in CACHE_DIRS:
+                if entry.name in BYTECODE_DIRS:
+                    out.hits.append((rel, "bytecode", "a bytecode cache directory; remove it (not inspected)"))
+                else:
                     stack.append((entry.path, rel + "/"))
             elif not entry.is_file(follow_symlinks=False):
                 out.hits.append((rel, "special-file", "not a regular file or directory"))
-            elif not is_cache(PurePosixPath(rel)):
+            elif is_bytecode(PurePosixPath(rel)):
+                out.hits.append((rel, "bytecode", "compiled Python; ship the source only"))
+            else:
                 seen.add(rel)
                 out.files += 1
                 _check_file(entry.path, rel, rel in wanted, out)

@@ -77,6 +77,7 @@ SILU_AND_MUL = SlotSpec(
     token_dim="T",
     graph_dynamic=("x",),
     graph_safe=True,
+    serving_tokens=8192,
     summary="out = silu(x[:, :d]) * x[:, d:]",
 )
 
@@ -102,6 +103,7 @@ RMSNORM = SlotSpec(
     token_dim="T",
     graph_dynamic=("x",),
     graph_safe=True,
+    serving_tokens=8192,
     summary="out = x / sqrt(mean(x^2, -1) + eps) * weight",
 )
 
@@ -132,6 +134,7 @@ ATTENTION_SDPA = SlotSpec(
     token_dim="T",
     graph_dynamic=("q", "k", "v"),
     graph_safe=False,
+    serving_tokens=1024,
     summary="softmax(q k^T * sm_scale [causal, offset S-T]) v with GQA/MQA; S = P + T",
 )
 
@@ -165,6 +168,7 @@ ATTENTION_DECODE = SlotSpec(
     token_dim="B",
     graph_dynamic=("q", "k_cache", "v_cache", "seq_lens"),
     graph_safe=True,
+    serving_tokens=256,
     summary="per sequence b: softmax(q_b K_b[:seq_lens[b]]^T * sm_scale) V_b[:seq_lens[b]], GQA",
 )
 
@@ -205,6 +209,7 @@ MOE_FUSED_EXPERTS = SlotSpec(
     token_dim="T",
     graph_dynamic=("x", "topk_ids", "topk_weights"),
     graph_safe=False,
+    serving_tokens=2048,
     summary="Σ_k w_tk · W2[e](silu(g) ⊙ u), [g; u] = W13[e] x_t; prepare(w13, w2) runs once on raw weights",
     prepare_inputs=("w13", "w2"),
 )
@@ -234,6 +239,7 @@ ALL_REDUCE = SlotSpec(
     token_dim="T",
     graph_dynamic=("x",),
     graph_safe=False,
+    serving_tokens=8192,
     summary="out = Σ_ranks x (every rank receives the full sum); group is the harness-owned process group",
 )
 
@@ -258,6 +264,7 @@ AR_RESIDUAL_RMSNORM = SlotSpec(
     token_dim="T",
     graph_dynamic=("x", "residual"),
     graph_safe=False,
+    serving_tokens=8192,
     summary="s = Σ_ranks x + residual; out_residual = s; out_norm = rmsnorm(s) * weight",
 )
 

@@ -1,4 +1,9 @@
-"""Seeded, deterministic input generation and harness-owned output allocation."""
+"""Seeded, deterministic input generation and harness-owned output allocation.
+
+Besides the plain initialisation a slot declares, inputs can be drawn with varied statistics
+(magnitude, signs, exact and signed zeros, subnormals of the run dtype), so that a kernel cannot
+tell the harness's calls from a serving batch by looking at the numbers it is given.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,64 @@ import hashlib
 import math
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from cacheon.contract.spec import ShapeCase, SlotSpec, TensorSpec
+
+Inputs = dict[str, torch.Tensor]
+Signs = Literal["mixed", "positive", "negative"]
+#: initialisations that describe activations: the ones whose statistics a draw may vary
+VARIED_INITS = frozenset({"normal", "wide_normal", "row_scaled"})
 
 
 def derive_seed(*parts: object) -> int:
     """A 63-bit seed from any labels (slot, dtype, case, trial): stable across runs and hosts."""
     text = "\x1f".join(str(p) for p in parts).encode("utf-8")
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "big") >> 1
+
+
+@dataclass(frozen=True)
+class Statistics:
+    """How a draw departs from the slot's plain initialisation of its activations."""
+
+    magnitude: float = 1.0
+    signs: Signs = "mixed"
+    zeros: float = 0.0  # share of entries set to exactly ±0
+    subnormals: float = 0.0  # share of entries set to subnormal values of the run dtype
+
+    def label(self) -> str:
+        return f"x{self.magnitude:.3g} {self.signs} zeros={self.zeros:.2f} subnormals={self.subnormals:.3f}"
+
+
+def draw_statistics(slot: SlotSpec, rng: random.Random) -> Statistics:
+    """Varied statistics within what the slot's tolerances are calibrated for: sums across ranks
+    (collectives) keep magnitudes at most 1, since rounding a partial sum scales with its size."""
+    top = 0.0 if slot.kind == "collective" else 2.0
+    signs: Signs = rng.choice(("mixed", "mixed", "positive", "negative"))
+    return Statistics(
+        magnitude=2.0 ** rng.uniform(-4.0, top),
+        signs=signs,
+        zeros=rng.uniform(0.0, 0.3) if rng.random() < 0.5 else 0.0,
+        subnormals=rng.uniform(0.0, 0.05) if rng.random() < 0.5 else 0.0,
+    )
+
+
+def _vary(values: torch.Tensor, stats: Statistics, run_dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    out = values * stats.magnitude
+    if stats.signs != "mixed":
+        out = out.abs() if stats.signs == "positive" else -out.abs()
+    if stats.zeros:
+        signed_zero = torch.where(torch.rand(out.shape, generator=gen) < 0.5, 0.0, -0.0)
+        out = torch.where(torch.rand(out.shape, generator=gen) < stats.zeros, signed_zero, out)
+    if stats.subnormals:
+        tiny = torch.finfo(run_dtype).tiny
+        sub = torch.empty(out.shape).uniform_(0.01, 0.99, generator=gen) * tiny
+        sub = torch.where(torch.rand(out.shape, generator=gen) < 0.5, sub, -sub)
+        out = torch.where(torch.rand(out.shape, generator=gen) < stats.subnormals, sub, out)
+    return out
 
 
 def _fill(spec: TensorSpec, shape: tuple[int, ...], dims: Mapping[str, int], gen: torch.Generator) -> torch.Tensor:
@@ -47,37 +100,68 @@ def _fill(spec: TensorSpec, shape: tuple[int, ...], dims: Mapping[str, int], gen
     raise ValueError(f"unknown init {spec.init!r} for tensor {spec.name!r}")
 
 
-def make_inputs(slot: SlotSpec, case: ShapeCase, dtype: str, seed: int) -> dict[str, torch.Tensor]:
-    """Fresh CPU inputs for one trial; generated in fp32, then rounded to the run dtype."""
+def make_inputs(
+    slot: SlotSpec,
+    case: ShapeCase,
+    dtype: str,
+    seed: int,
+    statistics: Statistics | None = None,
+    only: frozenset[str] | None = None,
+) -> Inputs:
+    """Fresh CPU inputs for one trial; generated in fp32 (activations varied by ``statistics``),
+    then rounded to the run dtype. ``only`` limits the draw to those inputs (a refill's)."""
     gen = torch.Generator().manual_seed(seed)
-    out: dict[str, torch.Tensor] = {}
+    out: Inputs = {}
     for spec in slot.inputs:
+        if only is not None and spec.name not in only:
+            continue
         shape = spec.resolve_shape(case.dims)
-        out[spec.name] = _fill(spec, shape, case.dims, gen).to(spec.resolve_dtype(dtype)).contiguous()
+        run_dtype = spec.resolve_dtype(dtype)
+        values = _fill(spec, shape, case.dims, gen)
+        if statistics is not None and spec.init in VARIED_INITS:
+            values = _vary(values, statistics, run_dtype, gen)
+        out[spec.name] = values.to(run_dtype).contiguous()
     return out
 
 
-def refresh_dynamic(slot: SlotSpec, previous: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]):
+def refresh_dynamic(slot: SlotSpec, previous: Inputs, fresh: Inputs) -> Inputs:
     """Next call's inputs: new graph-dynamic tensors, the same static ones (weights stay put)."""
     return {n: (fresh[n] if n in slot.graph_dynamic else t) for n, t in previous.items()}
 
 
 def make_rank_inputs(
-    slot: SlotSpec, case: ShapeCase, dtype: str, seed: int, world: int
-) -> list[dict[str, torch.Tensor]]:
-    """Per-rank inputs for a collective: ``per_rank`` tensors differ by rank, the rest are replicated."""
-    shared = make_inputs(slot, case, dtype, seed)
+    slot: SlotSpec,
+    case: ShapeCase,
+    dtype: str,
+    seed: int,
+    world: int,
+    statistics: Statistics | None = None,
+    only: frozenset[str] | None = None,
+) -> list[Inputs]:
+    """Per-rank inputs: ``per_rank`` tensors differ by rank, the rest are replicated (world 1: one rank)."""
+    shared = make_inputs(slot, case, dtype, seed, statistics, only)
+    if world == 1:
+        return [shared]
     ranks = []
     for rank in range(world):
-        own = make_inputs(slot, case, dtype, derive_seed(seed, "rank", rank))
-        ranks.append({t.name: (own if t.per_rank else shared)[t.name] for t in slot.inputs})
+        own = make_inputs(slot, case, dtype, derive_seed(seed, "rank", rank), statistics, only)
+        ranks.append({n: (own[n] if _per_rank(slot, n) else t) for n, t in shared.items()})
     return ranks
 
 
-def stack_partials(slot: SlotSpec, ranks: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def _per_rank(slot: SlotSpec, name: str) -> bool:
+    return any(t.per_rank for t in slot.inputs if t.name == name)
+
+
+def stack_partials(slot: SlotSpec, ranks: list[Inputs]) -> Inputs:
     """The reference's view of a collective: per-rank tensors stacked on a new leading rank axis."""
     per_rank = {t.name for t in slot.inputs if t.per_rank}
     return {n: (torch.stack([r[n] for r in ranks]) if n in per_rank else t) for n, t in ranks[0].items()}
+
+
+def reference_inputs(slot: SlotSpec, ranks: list[Inputs]) -> Inputs:
+    """What the slot's reference is computed from: the one rank's inputs, or every rank's partials."""
+    return stack_partials(slot, ranks) if slot.kind == "collective" else ranks[0]
 
 
 def output_layout(slot: SlotSpec, case: ShapeCase, dtype: str) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -85,11 +169,21 @@ def output_layout(slot: SlotSpec, case: ShapeCase, dtype: str) -> dict[str, tupl
     return {o.name: (o.resolve_shape(case.dims), o.resolve_dtype(dtype)) for o in slot.outputs}
 
 
+def with_tokens(slot: SlotSpec, case: ShapeCase, tokens: int) -> ShapeCase:
+    """``case`` with another token count (the slot's ``token_dim``); every other dim kept."""
+    dims = dict(case.dims)
+    dims[slot.token_dim] = tokens
+    return ShapeCase(dims, dict(case.params))
+
+
+def input_elements(slot: SlotSpec, case: ShapeCase) -> int:
+    """Elements across every input and output of one call (one rank): what a call costs to ship."""
+    return sum(math.prod(t.resolve_shape(case.dims)) for t in (*slot.inputs, *slot.outputs))
+
+
 def jitter_case(slot: SlotSpec, case: ShapeCase, seed: int) -> ShapeCase:
     """The same case with a seeded, different token count (catches kernels tuned to one size)."""
     rng = random.Random(seed)
     base = case.dims[slot.token_dim]
     choices = [n for n in range(max(1, base // 2), base + base // 2 + 3) if n != base]
-    dims = dict(case.dims)
-    dims[slot.token_dim] = rng.choice(choices)
-    return ShapeCase(dims, dict(case.params))
+    return with_tokens(slot, case, rng.choice(choices))

@@ -46,7 +46,9 @@ class TensorSpec:
         return DTYPES[act if self.dtype == "act" else self.dtype]
 
     def describe(self) -> dict[str, Any]:
-        described = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "init": self.init}
+        described: dict[str, Any] = {
+            "name": self.name, "shape": list(self.shape), "dtype": self.dtype, "init": self.init
+        }
         if self.per_rank:
             described["per_rank"] = True
         return described
@@ -120,6 +122,8 @@ class SlotSpec:
     token_dim: str
     graph_dynamic: tuple[str, ...]
     graph_safe: bool
+    #: the largest ``token_dim`` a real serving batch reaches: verify draws shapes up to it
+    serving_tokens: int
     summary: str
     #: inputs handed once to the bundle's ``prepare`` entry; its result is passed as ``prepared``
     prepare_inputs: tuple[str, ...] = ()
@@ -154,6 +158,7 @@ class SlotSpec:
             "token_dim": self.token_dim,
             "graph_dynamic": list(self.graph_dynamic),
             "graph_safe": self.graph_safe,
+            "serving_tokens": self.serving_tokens,
             "summary": self.summary,
             "prepare": f"prepare({', '.join(self.prepare_inputs)})" if self.prepare_inputs else None,
         }

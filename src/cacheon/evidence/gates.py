@@ -27,6 +27,8 @@ from cacheon.evidence.view import VerifiedLedger
 from cacheon.runtime.identity import Identity
 
 Status = Literal["met", "missing", "failed"]
+#: the confinement a negative control must have been verified under (``cacheon.verify.plan.Confinement``)
+CONFINED = "bubblewrap"
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,12 @@ def _single(
 
 def _negative_controls(state: Standing, version: str) -> Verdict:
     """A broken bundle must fail and a faithful one must pass, both under this identity."""
-    controls = [r for r in state.of_class(EvidenceClass.COMPONENT) if r.details.get("control")]
+    # Only confined runs count: ``verify --confinement none`` is marked so, and a record without the
+    # field was made before verify had a sandbox (an ordinary child process), so it is unconfined too.
+    controls = [
+        r for r in state.of_class(EvidenceClass.COMPONENT)
+        if r.details.get("control") and r.details.get("confinement") == CONFINED
+    ]
     missed = [r for r in controls if r.details["control"] == "broken" and r.outcome == Outcome.PASS]
     rejected = [r for r in controls if r.details["control"] == "faithful" and r.outcome == Outcome.FAIL]
     if missed or rejected:

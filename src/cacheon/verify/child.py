@@ -1,216 +1,278 @@
-"""The isolated side of verification: runs inside a spawned child process.
+"""The candidate's side of verification: the process that runs inside the sandbox.
 
-This module imports the candidate, owns the device buffers, calls the entry and ships raw results
-back. It judges nothing: references, comparisons and verdicts live in the parent, which the
-candidate's code never reaches. The only checks made here are the ones that need the child's
-address space (did ``out`` keep its storage and strides?), and the parent treats even those as
-claims from an untrusted process that can only make a verdict worse, never better.
+It applies its share of the confinement (uid, limits), imports the candidate, owns the buffers,
+calls the entry and ships raw results back. It judges nothing: references, comparisons and
+verdicts live in the parent, which the candidate's code never reaches. The only checks made here
+need the child's address space (did ``out`` keep its storage and strides?), and the parent treats
+even those as claims from an untrusted process that can only make a verdict worse.
+
+Started as ``python -I -S -B -c BOOTSTRAP PATHS BOOT``: isolated mode, no site, no bytecode
+writes; ``PATHS`` are where cacheon and the site-packages are mounted, ``BOOT`` the JSON ``Boot``.
+For a collective, one launcher process starts one process per rank in the same sandbox.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
-import tempfile
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
-from cacheon.verify import channel
-from cacheon.verify.graphs import CandidateRaised, load_backend
+from cacheon.verify import channel, poison
+from cacheon.verify.confine import apply_limits, drop_to, effective_capabilities
+from cacheon.verify.graphs import CandidateRaised, GraphBackend, load_backend
+from cacheon.verify.messages import (
+    BackendFailed,
+    Boot,
+    Booted,
+    Call,
+    Capture,
+    Captured,
+    ImportFailed,
+    Raised,
+    Ready,
+    Replay,
+    Reply,
+    Result,
+    Stop,
+)
+from cacheon.verify.untrusted import describe
 
-POISON_INT = -0x5A5A5A5A
+BOOTSTRAP = (
+    "import sys; sys.path.extend(sys.argv[1].split(':')); "
+    "from cacheon.verify.child import main; main(sys.argv[2])"
+)
+#: torch intra-op threads in the child: verdicts do not depend on speed, and on a shared CPU the
+#: synchronisation of several threads costs more per small call than they gain
+CHILD_THREADS = 1
+Layout = tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype, int, int]
 
 
-def _poison(tensor: torch.Tensor) -> None:
-    """Fill an output with values no correct kernel leaves behind (NaN, or a sentinel for ints)."""
-    if tensor.dtype.is_floating_point:
-        tensor.fill_(float("nan"))
-    elif tensor.dtype == torch.bool:
-        tensor.fill_(True)
-    else:
-        tensor.fill_(POISON_INT)
-
-
-def _layout(tensor: Any) -> tuple[Any, ...]:
+def _layout(tensor: torch.Tensor) -> Layout:
     storage = tensor.untyped_storage()
-    return (
-        tensor.data_ptr(),
-        tuple(tensor.stride()),
-        tuple(tensor.shape),
-        tensor.dtype,
-        storage.data_ptr(),
-        storage.nbytes(),
-    )
+    return (tensor.data_ptr(), tuple(tensor.stride()), tuple(tensor.shape), tensor.dtype,
+            storage.data_ptr(), storage.nbytes())
 
 
-class _Session:
-    """State of one candidate across calls: buffers reused on refill, so a pointer-keyed cache is caught."""
+@dataclass
+class Buffers:
+    """One set of harness-owned buffers, reused on refill so a pointer-keyed cache is caught."""
 
-    def __init__(self, entry: Any, prepare: Any, group: Any, device: str) -> None:
+    inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    prepared: Any = None
+    graph: GraphBackend | None = None
+
+
+def _traceback() -> str:
+    try:
+        return traceback.format_exc(limit=8)
+    except BaseException:  # formatting runs the candidate's __str__
+        return "(traceback unavailable)"
+
+
+class Session:
+    """The candidate's entry (and prepare) against the buffer sets the parent asks for."""
+
+    def __init__(self, entry: Callable[..., Any], prepare: Callable[..., Any] | None, group: Any, device: str):
         self.entry = entry
         self.prepare = prepare
         self.group = group
-        self.prepared: Any = None
         self.device = torch.device(device)
-        self.inputs: dict[str, Any] = {}
-        self.outputs: dict[str, Any] = {}
-        self.graph: Any = None
+        self.sets: dict[int, Buffers] = {}
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _load_inputs(self, tensors: dict[str, Any], refill: bool) -> list[str]:
-        """Fresh buffers, or (refill) new values copied into the existing ones. A refill must change
-        at least one input, or a replay would prove nothing; that is reported as a harness problem."""
+    def _load(self, msg: Call) -> tuple[Buffers, list[str]]:
+        """Fresh buffers, or (refill) new values copied into the set's existing ones. A refill must
+        change at least one input, or it would prove nothing: a harness problem, reported."""
+        fresh = channel.tensors_from_wire(msg.inputs)
+        buffers = self.sets.get(msg.buffers)
+        if not msg.refill or buffers is None:
+            buffers = Buffers({n: t.to(self.device).contiguous() for n, t in fresh.items()})
+            buffers.outputs = {
+                name: torch.empty(spec.shape, dtype=channel.dtype_of(spec.dtype), device=self.device)
+                for name, spec in msg.outputs.items()
+            }
+            self.sets[msg.buffers] = buffers
+            return buffers, []
+        return buffers, self._refill(buffers, fresh)
+
+    def _refill(self, buffers: Buffers, fresh: dict[str, torch.Tensor]) -> list[str]:
         changed = False
-        for name, value in tensors.items():
-            if refill and name in self.inputs:
-                previous = self.inputs[name].clone()
-                self.inputs[name].copy_(value)
-                changed = changed or not torch.equal(previous, self.inputs[name])
-            else:
-                self.inputs[name] = value.to(self.device).contiguous()
-                changed = True
-        if refill and tensors and not changed:
-            return [f"harness: refilled inputs {sorted(tensors)} did not change"]
-        return []
+        for name, value in fresh.items():
+            target = buffers.inputs[name]
+            changed = changed or not torch.equal(target.cpu(), value)
+            target.copy_(value)
+        return [] if changed or not fresh else [f"harness: refilled inputs {sorted(fresh)} did not change"]
 
-    def _alloc_outputs(self, layout: dict[str, list[Any]], refill: bool) -> None:
-        for name, (shape, dtype) in layout.items():
-            if not (refill and name in self.outputs):
-                self.outputs[name] = torch.empty(shape, dtype=channel.dtype_of(dtype), device=self.device)
-            _poison(self.outputs[name])
+    def _args(self, buffers: Buffers, msg: Call) -> list[Any]:
+        pool: dict[str, Any] = {**buffers.inputs, **buffers.outputs, **msg.scalars,
+                                "prepared": buffers.prepared, "group": self.group}
+        return [pool[n] for n in msg.args]
 
-    def _prepare(self, names: list[str] | None) -> None:
-        """Run the bundle's ``prepare`` once per set of weights (not per call)."""
-        if names:
-            self.prepared = self.prepare(*[self.inputs[n] for n in names])
+    def _prepare(self, buffers: Buffers, names: list[str]) -> None:
+        """Run the bundle's ``prepare`` once per set of weights (fresh buffers only)."""
+        if names and self.prepare is not None:
+            buffers.prepared = self.prepare(*[buffers.inputs[n] for n in names])
             self._sync()
 
-    def _args(self, names: list[str], scalars: dict[str, Any]) -> list[Any]:
-        pool = {**self.inputs, **self.outputs, **scalars, "prepared": self.prepared, "group": self.group}
-        return [pool[n] for n in names]
+    def call(self, msg: Call) -> Reply:
+        buffers, harness = self._load(msg)
+        for tensor in buffers.outputs.values():
+            poison.fill(tensor, msg.poison)
+        self._sync()
 
-    def _collect(self, before: dict[str, tuple[Any, ...]]) -> dict[str, Any]:
+        def run() -> None:
+            if not msg.refill:
+                self._prepare(buffers, msg.prepare)
+            self.entry(*self._args(buffers, msg))
+
+        return self._run(msg.seq, buffers, run, harness)
+
+    def _run(self, seq: int, buffers: Buffers, action: Callable[[], None], harness: list[str]) -> Reply:
+        """Run ``action`` (the candidate), then report the outputs and the layout checks."""
+        before = {n: _layout(t) for n, t in buffers.outputs.items()}
+        try:
+            action()
+            self._sync()
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt are the candidate's failures too
+            return Raised(seq, describe(exc), _traceback())
         violations = []
-        for name, tensor in self.outputs.items():
+        for name, tensor in buffers.outputs.items():
             after = _layout(tensor)
             if after[4:] != before[name][4:] or after[0] != before[name][0]:
                 violations.append(f"output {name}: storage was replaced (the harness owns it)")
             elif after[1:4] != before[name][1:4]:
                 violations.append(f"output {name}: shape/stride/dtype changed from {before[name][1:4]} to {after[1:4]}")
-        return {
-            "outputs": dict(self.outputs),
-            "inputs_after": dict(self.inputs),
-            "violations": violations,
-        }
+        return Result(seq, channel.tensors_to_wire(buffers.outputs), channel.tensors_to_wire(buffers.inputs),
+                      violations, harness)
 
-    def call(self, msg: dict[str, Any]) -> tuple[str, Any]:
-        refill = msg["refill"]
-        harness = self._load_inputs(msg["inputs"], refill)
-        if not refill:
-            self.outputs = {}
-        self._alloc_outputs(msg["outputs"], refill)
-        self._sync()
-
-        def call_entry() -> None:
-            self._prepare(msg.get("prepare"))
-            self.entry(*self._args(msg["args"], msg["scalars"]))
-
-        return self._run(call_entry, harness)
-
-    def _run(self, action: Any, harness: list[str]) -> tuple[str, Any]:
-        """Run ``action`` (the candidate), then report the outputs and the layout checks."""
-        before = {n: _layout(t) for n, t in self.outputs.items()}
-        try:
-            action()
-            self._sync()
-        except Exception:
-            return "raised", traceback.format_exc(limit=8)
-        result = self._collect(before)
-        result["harness"] = harness
-        return "result", result
-
-    def capture(self, msg: dict[str, Any]) -> tuple[str, Any]:
+    def capture(self, msg: Capture) -> Reply:
         """Capture one call over fixed buffers with the graph backend. An exception from the
         candidate's code is its failure; one from the backend itself is an infrastructure error."""
-        self._load_inputs(msg["inputs"], refill=False)
-        self.outputs = {}
-        self._alloc_outputs(msg["outputs"], refill=False)
+        call = msg.call
+        buffers, _ = self._load(call)
+        buffers.graph = None
+        for tensor in buffers.outputs.values():
+            poison.fill(tensor, call.poison)
 
-        def call_entry() -> None:
+        def run_entry() -> None:
             try:
-                self.entry(*self._args(msg["args"], msg["scalars"]))
-            except Exception as exc:
-                raise CandidateRaised(traceback.format_exc(limit=8)) from exc
+                self.entry(*self._args(buffers, call))
+            except BaseException as exc:
+                raise CandidateRaised(describe(exc)) from exc
 
-        self.graph = None
         try:
-            self._prepare(msg.get("prepare"))
-        except Exception:
-            return "raised", traceback.format_exc(limit=8)
+            self._prepare(buffers, call.prepare)
+        except BaseException as exc:
+            return Raised(call.seq, describe(exc), _traceback())
         try:
-            backend = load_backend(msg["backend"])
-            backend.capture(call_entry, self.device)
+            backend = load_backend(msg.backend)
+            backend.capture(run_entry, self.device)
         except CandidateRaised as raised:
-            return "raised", str(raised)
+            return Raised(call.seq, str(raised), _traceback())
         except Exception:
-            return "infra_error", traceback.format_exc(limit=8)
-        self.graph = backend
-        return "captured", None
+            return BackendFailed(call.seq, _traceback())
+        buffers.graph = backend
+        return Captured(call.seq)
 
-    def replay(self, msg: dict[str, Any]) -> tuple[str, Any]:
+    def replay(self, msg: Replay) -> Reply:
         """Copy fresh dynamic inputs into the captured buffers, poison outputs, replay."""
-        harness = self._load_inputs(msg["inputs"], refill=True)
-        for tensor in self.outputs.values():
-            _poison(tensor)
-        return self._run(self.graph.replay, harness)
+        buffers = self.sets[msg.buffers]
+        graph = buffers.graph
+        if graph is None:
+            return BackendFailed(msg.seq, "replay of a buffer set that was never captured")
+        harness = self._refill(buffers, channel.tensors_from_wire(msg.inputs))
+        for tensor in buffers.outputs.values():
+            poison.fill(tensor, msg.poison)
+        return self._run(msg.seq, buffers, graph.replay, harness)
 
 
-def _init_group(rank: int, world: int, init_method: str, device: str) -> Any:
+def _init_group(boot: Boot) -> Any:
     """The harness owns the process group; the candidate only receives it."""
     import torch.distributed as dist
 
-    backend = "nccl" if device == "cuda" else "gloo"
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
-    return dist.new_group(list(range(world)))
+    backend = "nccl" if boot.device == "cuda" else "gloo"
+    if boot.device == "cuda":
+        torch.cuda.set_device(boot.rank)
+    dist.init_process_group(backend, init_method=boot.rendezvous, rank=boot.rank, world_size=boot.world)
+    return dist.new_group(list(range(boot.world)))
 
 
-def serve(conn: Connection, bundle_dir: str, op: Any, device: str, setup: dict[str, Any]) -> None:
-    """Child main loop. ``op`` is a manifest ``OpEntry``; ``setup`` carries the log path, the
-    limits and, for collectives, ``rank``/``world``/``init_method``."""
-    from cacheon.verify.sandbox import confine
+def _confine(boot: Boot) -> dict[str, str]:
+    applied = {"confinement": boot.confinement}
+    if boot.drop_uid is not None and os.getuid() == 0:  # a rank's launcher may have dropped already
+        drop_to(boot.drop_uid, boot.drop_uid)
+    applied["uid"] = str(os.getuid())
+    applied["capabilities"] = effective_capabilities()
+    os.chdir(boot.workdir)
+    applied.update(apply_limits(boot.limits))
+    sys.dont_write_bytecode = True
+    torch.set_num_threads(CHILD_THREADS)
+    return applied
 
-    if device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # Triton kernels run on CPU through the interpreter
-    private = tempfile.mkdtemp(prefix="cacheon-child-")
-    isolation = confine(private, setup["log"], setup["limits"])
-    # Bytecode comes only from the scanned sources: a shipped __pycache__/*.pyc (which the scan and
-    # the digest ignore) is never looked at, because the cache lives in a private prefix.
-    sys.pycache_prefix = os.path.join(private, "pycache")
+
+def _launch_ranks(boot: Boot) -> int:
+    """Inside one sandbox: one process per rank, each with only its own channel."""
+    paths = sys.argv[1]
+    ranks = []
+    for rank, fd in enumerate(boot.fds):
+        argv = [sys.executable, "-I", "-S", "-B", "-c", BOOTSTRAP, paths,
+                msgspec.json.encode(msgspec.structs.replace(boot, rank=rank)).decode()]
+        ranks.append(subprocess.Popen(argv, pass_fds=(fd,), close_fds=True))
+        os.close(fd)
+    codes = [p.wait() for p in ranks]
+    return next((c for c in codes if c), 0)
+
+
+def _load_candidate(boot: Boot) -> tuple[Callable[..., Any], Callable[..., Any] | None]:
+    from cacheon.bundle.loader import load_entry
+    from cacheon.bundle.manifest import OpEntry
+
+    op = OpEntry(boot.slot, boot.source, boot.entry, (), boot.prepare)
+    entry = load_entry(Path(boot.bundle), op)
+    prepare = load_entry(Path(boot.bundle), op, boot.prepare) if boot.prepare else None
+    return entry, prepare
+
+
+def serve(boot: Boot, conn: Connection, applied: dict[str, str]) -> None:
+    conn.send_bytes(channel.encode(Booted(boot.rank, applied)))
     try:
-        group = None
-        if "rank" in setup:
-            group = _init_group(setup["rank"], setup["world"], setup["init_method"], device)
-        from cacheon.bundle.loader import load_entry
-
-        entry = load_entry(Path(bundle_dir), op)
-        prepare = load_entry(Path(bundle_dir), op, op.prepare) if op.prepare else None
-    except BaseException:
-        conn.send_bytes(channel.encode(["import_error", traceback.format_exc(limit=8)]))
+        group = _init_group(boot) if boot.world > 1 else None
+        entry, prepare = _load_candidate(boot)
+    except BaseException as exc:  # an import that raises or exits is the candidate's failure
+        conn.send_bytes(channel.encode(ImportFailed(describe(exc), _traceback())))
         return
-    session = _Session(entry, prepare, group, device)
-    handlers = {"call": session.call, "capture": session.capture, "replay": session.replay}
-    conn.send_bytes(channel.encode(["ready", isolation]))
+    session = Session(entry, prepare, group, boot.device)
+    conn.send_bytes(channel.encode(Ready(boot.rank)))
     while True:
-        kind, msg = channel.decode(conn.recv_bytes())
-        if kind == "stop":
+        msg = channel.decode_to_child(conn.recv_bytes())
+        if isinstance(msg, Stop):
             return
-        conn.send_bytes(channel.encode(list(handlers[kind](msg))))
+        if isinstance(msg, Call):
+            reply = session.call(msg)
+        elif isinstance(msg, Capture):
+            reply = session.capture(msg)
+        else:
+            reply = session.replay(msg)
+        conn.send_bytes(channel.encode(reply))
+
+
+def main(boot_json: str) -> None:
+    boot = msgspec.json.decode(boot_json, type=Boot)
+    if boot.rank < 0:  # the launcher of a collective: confined like the ranks it starts
+        _confine(boot)
+        raise SystemExit(_launch_ranks(boot))
+    applied = _confine(boot)
+    serve(boot, Connection(boot.fds[boot.rank]), applied)

@@ -31,7 +31,7 @@ class CudaGraphs:
         self._graph: torch.cuda.CUDAGraph | None = None
 
     def capture(self, call: Callable[[], None], device: torch.device) -> None:
-        side = torch.cuda.Stream(device)
+        side = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]  # torch.cuda.Stream is unannotated
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(2):
@@ -49,6 +49,27 @@ class CudaGraphs:
         self._graph.replay()
 
 
+class EmulatedGraphs:
+    """An emulation for CPU hosts and tests: "capture" makes one call (as a warm-up would) and
+    keeps it, "replay" makes it again. It exercises the buffers, poisoning and judging around a
+    graph; it proves nothing about CUDA graphs, and a report says so."""
+
+    def __init__(self) -> None:
+        self._call: Callable[[], None] | None = None
+
+    def capture(self, call: Callable[[], None], device: torch.device) -> None:
+        call()
+        self._call = call
+
+    def replay(self) -> None:
+        if self._call is None:
+            raise RuntimeError("replay before a successful capture")
+        self._call()
+
+
+EMULATED_BACKEND = "cacheon.verify.graphs:EmulatedGraphs"
+
+
 def load_backend(spec: str) -> GraphBackend:
     """Instantiate ``module:Class``; a bad spec is the harness's problem, raised as ValueError."""
     module_name, _, class_name = spec.partition(":")
@@ -56,4 +77,5 @@ def load_backend(spec: str) -> GraphBackend:
         backend = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ValueError(f"graph backend {spec!r} cannot be loaded: {exc}") from None
-    return backend()
+    instance: GraphBackend = backend()
+    return instance

@@ -1,15 +1,17 @@
-"""The parent's judgement of one raw answer from a candidate process."""
+"""The parent's judgement of the candidate's raw answers to one call."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from cacheon.contract.inputs import output_layout
+from cacheon.contract.inputs import Inputs, output_layout
 from cacheon.contract.spec import ShapeCase, SlotSpec
+from cacheon.verify import channel
 from cacheon.verify.compare import compare
+from cacheon.verify.messages import Raised, Reply, Result
+from cacheon.verify.untrusted import escape_controls, one_line
 
 
 @dataclass
@@ -18,50 +20,35 @@ class Judgement:
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     metric: dict[str, float] = field(default_factory=dict)
+    detail: str = ""  # the candidate's traceback when it raised (shown with --debug only)
 
     @property
     def ok(self) -> bool:
         return not self.failures
 
 
-def last_line(text: Any) -> str:
-    lines = str(text).strip().splitlines()
-    return lines[-1] if lines else "(no message)"
-
-
-def _has_result_shape(payload: Any) -> bool:
-    return (
-        isinstance(payload, dict)
-        and isinstance(payload.get("outputs"), dict)
-        and isinstance(payload.get("inputs_after"), dict)
-        and isinstance(payload.get("violations"), list)
-        and isinstance(payload.get("harness"), list)
-    )
-
-
 def judge(
-    slot: SlotSpec,
-    case: ShapeCase,
-    dtype: str,
-    expected_inputs: dict[str, torch.Tensor],
-    reference: dict[str, torch.Tensor],
-    kind: str,
-    payload: Any,
+    slot: SlotSpec, case: ShapeCase, dtype: str, expected_inputs: Inputs, reference: Inputs, reply: Reply
 ) -> Judgement:
     """Inputs the child must still hold unchanged, outputs against the float64 ``reference``."""
-    if kind == "raised":
-        return Judgement([f"entry raised: {last_line(payload)}"])
-    if kind != "result" or not _has_result_shape(payload):
-        return Judgement(["the candidate process returned a malformed result"])
-    result = Judgement([str(v) for v in [*payload["harness"], *payload["violations"]]])
+    if isinstance(reply, Raised):
+        return Judgement([f"entry raised: {one_line(reply.reason)}"], detail=reply.detail)
+    if not isinstance(reply, Result):
+        return Judgement([f"the candidate process answered a call with {type(reply).__name__}"])
+    try:
+        outputs = channel.tensors_from_wire(reply.outputs)
+        inputs_after = channel.tensors_from_wire(reply.inputs_after)
+    except channel.ChannelError as exc:
+        return Judgement([f"the candidate process returned a malformed result ({exc})"])
+    result = Judgement([escape_controls(str(v)) for v in (*reply.harness, *reply.violations)])
     for name, original in expected_inputs.items():
-        after = payload["inputs_after"].get(name)
-        if not isinstance(after, torch.Tensor) or after.shape != original.shape or not torch.equal(after, original):
+        after = inputs_after.get(name)
+        if after is None or after.shape != original.shape or not torch.equal(after, original):
             result.failures.append(f"input {name} was modified by the candidate (inputs are read-only)")
     tol = slot.comparator.tolerance(dtype)
     for name, (shape, out_dtype) in output_layout(slot, case, dtype).items():
-        got = payload["outputs"].get(name)
-        if not isinstance(got, torch.Tensor) or tuple(got.shape) != shape or got.dtype != out_dtype:
+        got = outputs.get(name)
+        if got is None or tuple(got.shape) != shape or got.dtype != out_dtype:
             result.failures.append(f"output {name}: missing or wrong shape/dtype")
             continue
         compared = compare(slot.comparator.mode, tol, got, reference[name])
@@ -71,3 +58,19 @@ def judge(
         if not compared.ok:
             result.failures.append(f"output {name}: {compared.detail}")
     return result
+
+
+def judge_ranks(
+    slot: SlotSpec, case: ShapeCase, dtype: str, ranks: list[Inputs], reference: Inputs, replies: list[Reply]
+) -> Judgement:
+    """Every rank judged against the same reference; one rank's failure fails the call."""
+    verdicts = [judge(slot, case, dtype, ranks[r], reference, reply) for r, reply in enumerate(replies)]
+    if len(verdicts) == 1:
+        return verdicts[0]
+    merged = Judgement([f"rank {r}: {f}" for r, v in enumerate(verdicts) for f in v.failures],
+                       detail=next((v.detail for v in verdicts if v.detail), ""))
+    measured = [v for v in verdicts if v.max_abs_err is not None]
+    if measured:
+        worst = max(measured, key=lambda v: v.max_abs_err or 0.0)
+        merged.max_abs_err, merged.max_rel_err, merged.metric = worst.max_abs_err, worst.max_rel_err, worst.metric
+    return merged

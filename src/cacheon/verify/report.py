@@ -1,17 +1,42 @@
-"""Verification results as plain data: what the CLI prints and what ``--json`` carries."""
+"""Verification results as plain data: what each stage returns, what the CLI prints, what ``--json`` carries."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
 Verdict = Literal["PASS", "FAIL", "NUMERICAL_PASS"]
 
 
-@dataclass
+class Stage(StrEnum):
+    EAGER = "eager"  # every planned case, two trials each (fresh buffers, then a refill)
+    COLLECTIVE = "collective"  # the eager cases at the real world size, every rank judged
+    GRAPH = "graph"  # CUDA-graph capture and poisoned replays
+    STABILITY = "stability"  # many interleaved calls; a subset the candidate cannot predict is judged
+
+
+class GraphStatus(StrEnum):
+    NOT_REQUIRED = "not_required"
+    NOT_RUN = "not_run"
+    FAILED = "failed"
+    EMULATED = "emulated"  # an injected backend replayed cleanly: no CUDA-graph proof
+    PASSED = "passed"
+
+
+@dataclass(frozen=True)
+class GraphResult:
+    status: GraphStatus
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.status.value}: {self.detail}" if self.detail else self.status.value
+
+
+@dataclass(frozen=True)
 class CaseResult:
-    stage: str  # "eager" or "graph"
+    stage: Stage
     dtype: str
     shape: str
     trial: int
@@ -19,47 +44,101 @@ class CaseResult:
     max_abs_err: float | None = None
     max_rel_err: float | None = None
     metric: dict[str, float] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
+    failures: tuple[str, ...] = ()
+    note: str = ""  # how a drawn case's inputs were varied
+    detail: str = ""  # the candidate's traceback when it raised: shown with --debug only
 
     def line(self, mode: str) -> str:
         status = "ok" if self.ok else "FAIL"
         errs = ""
-        if self.max_abs_err is not None and math.isfinite(self.max_abs_err):
+        if self.max_abs_err is not None and math.isfinite(self.max_abs_err) and self.max_rel_err is not None:
             errs = f"max_abs={self.max_abs_err:.3e} max_rel={self.max_rel_err:.3e}"
-        text = f"  {self.stage:<5} {self.dtype:<8} {self.shape:<34} #{self.trial}  {errs:<36} {mode} {status}"
+        text = f"  {self.stage.value:<10} {self.dtype:<8} {self.shape:<34} #{self.trial}  {errs:<36} {mode} {status}"
+        if self.note:
+            text += f"  ({self.note})"
         if self.failures:
             text += "\n      " + "\n      ".join(f.splitlines()[0] if f else f for f in self.failures)
         return text
 
 
-@dataclass
+@dataclass(frozen=True)
+class StageResult:
+    stage: Stage
+    cases: tuple[CaseResult, ...] = ()  # what was judged (stability: its failures only)
+    stopped: bool = False  # stopped at its first failure (--keep-going runs every case)
+    graph: GraphResult | None = None  # the graph stage's standing
+    calls: int = 0  # calls made (stability)
+    checked: int = 0  # calls judged (stability)
+    skipped: str = ""  # why the stage did not run
+
+    @property
+    def ok(self) -> bool:
+        return not self.skipped and all(c.ok for c in self.cases) and (
+            self.graph is None or self.graph.status is not GraphStatus.FAILED
+        )
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"  {self.stage.value:<10} not run: {self.skipped}"
+        failed = sum(not c.ok for c in self.cases)
+        verdict = "ok" if self.ok else f"FAIL ({failed} judged call(s) failed)"
+        return f"  {self.stage.value:<10} {self.calls} calls in random order, {self.checked} judged: {verdict}"
+
+
+@dataclass(frozen=True)
 class OpReport:
     slot: str
     entry: str
     source: str
     mode: str
-    verdict: Verdict = "PASS"
-    reason: str = ""
-    graph: str = "not_required"
-    cases: list[CaseResult] = field(default_factory=list)
-    detail: str = ""
-    isolation: dict[str, Any] = field(default_factory=dict)  # what confinement the child applied
-    candidate_output: str = ""  # what the candidate printed: untrusted text, shown, never parsed
+    verdict: Verdict
+    reason: str
+    stages: tuple[StageResult, ...] = ()
+    confinement: dict[str, str] = field(default_factory=dict)  # what the child applied
+    candidate_output: str = ""  # what the candidate printed: untrusted, escaped, shown, never parsed
+    detail: str = ""  # a traceback from the candidate's process: shown with --debug only
+
+    @property
+    def cases(self) -> list[CaseResult]:
+        return [c for s in self.stages for c in s.cases]
+
+    @property
+    def graph(self) -> GraphResult:
+        results = [s.graph for s in self.stages if s.graph is not None]
+        return results[0] if results else GraphResult(GraphStatus.NOT_REQUIRED)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["cases"] = [asdict(c) for c in self.cases]
+        data["graph"] = asdict(self.graph)
+        return data
 
 
-@dataclass
+@dataclass(frozen=True)
 class VerifyReport:
     bundle_id: str
     bundle_digest: str
     device: str
     seed: int
+    confinement: str  # the confinement in force for every op (bubblewrap or none)
     ops: list[OpReport]
     environment: dict[str, Any]
-    verdict: Verdict = "PASS"
-    reason: str = ""
+    verdict: Verdict
+    reason: str
 
-    def to_json(self) -> dict[str, Any]:
-        return _finite(asdict(self))
+    def to_json(self, debug: bool = False) -> dict[str, Any]:
+        """The report as JSON; tracebacks from the candidate's process only when ``debug``."""
+        data = asdict(self)
+        data["ops"] = [op.to_json() for op in self.ops]
+        if not debug:
+            for op in data["ops"]:
+                op.pop("detail", None)
+                for case in op["cases"]:
+                    case.pop("detail", None)
+                for stage in op["stages"]:
+                    for case in stage["cases"]:
+                        case.pop("detail", None)
+        return _finite(data)  # type: ignore[no-any-return]  # a dict in, a dict out
 
 
 def _finite(value: Any) -> Any:
@@ -68,7 +147,7 @@ def _finite(value: Any) -> Any:
         return None
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
 
@@ -78,5 +157,5 @@ def combine(ops: list[OpReport]) -> tuple[Verdict, str]:
     for wanted in ("FAIL", "NUMERICAL_PASS"):
         for op in ops:
             if op.verdict == wanted:
-                return wanted, f"{op.slot}: {op.reason}"
+                return op.verdict, f"{op.slot}: {op.reason}"
     return "PASS", "every op matched its reference"

@@ -1,18 +1,13 @@
-"""Verification orchestration (the trusted side).
+"""Verification of an admitted bundle: one sandbox per op, the stages in order, judged in this process.
 
-For every op of a bundle: spawn an isolated child, and for each dtype and case (registered shapes
-plus a seeded token-count jitter) run two trials: fresh buffers, then the *same* buffers refilled
-with new graph-dynamic values (a result cached by shape or pointer fails the second). The parent
-keeps its own copy of every input, computes the float64 reference from it, and judges the child's
-raw outputs: storage identity, input immutability, finiteness, then the slot's comparator. On
-CUDA, op slots (and graph-safe blocks) are also captured into a CUDA graph and replayed with fresh
-inputs and poisoned outputs. Collective slots run at the real world size (see ``collective``).
+For each op the candidate runs in its own sandbox (all ranks of a collective in one), through
+the eager (or collective) stage, the graph stage where the slot needs a CUDA-graph proof, and
+the stability stage. Every output is judged here against the slot's float64 reference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,45 +15,22 @@ import torch
 
 from cacheon.bundle.manifest import Manifest, OpEntry
 from cacheon.contract.catalog import get_slot
-from cacheon.contract.inputs import derive_seed, jitter_case, make_inputs, output_layout, refresh_dynamic
-from cacheon.contract.profiles import Profile, apply_profile
-from cacheon.contract.spec import ShapeCase, SlotSpec
-from cacheon.errors import CacheonError, UsageError
+from cacheon.contract.profiles import apply_profile
+from cacheon.contract.spec import SlotSpec
+from cacheon.errors import UsageError
 from cacheon.runtime.identity import runtime_identity
-from cacheon.verify.graphs import CUDA_BACKEND
-from cacheon.verify.isolation import CandidateProcess, ChildFailure
-from cacheon.verify.judge import Judgement, judge, last_line
-from cacheon.verify.report import CaseResult, OpReport, VerifyReport, combine
-from cacheon.verify.sandbox import Limits
+from cacheon.verify import stages
+from cacheon.verify.launcher import CandidateGroup, ChildFailure, InfrastructureError
+from cacheon.verify.plan import DEFAULT_WORLD_SIZE, Confinement, VerifyOptions, draw_seed, stability_plan
+from cacheon.verify.report import CaseResult, GraphStatus, OpReport, Stage, StageResult, Verdict, VerifyReport, combine
+from cacheon.verify.sandbox import require_bubblewrap
 
+__all__ = ["InfrastructureError", "VerifyOptions", "verify_bundle"]
 
-class InfrastructureError(CacheonError):
-    """The harness itself could not run (exit 1): not the candidate's fault."""
-
-
-@dataclass(frozen=True)
-class VerifyOptions:
-    device: str = "cpu"
-    dtypes: tuple[str, ...] = ()
-    seed: int = 0
-    timeout: float = 120.0
-    import_timeout: float = 120.0
-    graph_replays: int = 3
-    keep_going: bool = False
-    world_size: int | None = None  # collectives; None means the default of 2
-    profile: Profile | None = None
-    #: ``module:Class`` of the graph backend; only the CUDA one on a CUDA device is a proof. Tests
-    #: inject an emulation to exercise the orchestration on CPU.
-    graph_backend: str = CUDA_BACKEND
-
-    @property
-    def graph_is_proof(self) -> bool:
-        return self.device == "cuda" and self.graph_backend == CUDA_BACKEND
-
-
-Emit = Callable[[CaseResult], None]
-Progress = Callable[[OpReport, CaseResult], None]
-DEFAULT_WORLD_SIZE = 2
+#: torch threads while judging: most calls are small, where threads cost more than they gain
+PARENT_THREADS = 1
+#: called with the slot's comparator mode and each judged case (or a finished stability stage)
+Progress = Callable[[str, CaseResult | StageResult], None]
 
 
 def check_device(device: str) -> None:
@@ -88,38 +60,48 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
-def limits_for(device: str, collective: bool) -> Limits:
-    return Limits(address_space_bytes=None if device == "cuda" else Limits.address_space_bytes, network=collective)
+def world_size_for(slot: SlotSpec, options: VerifyOptions) -> int:
+    if slot.kind != "collective":
+        return 1
+    world = options.world_size or DEFAULT_WORLD_SIZE
+    if world < 2:
+        raise UsageError(f"--world-size {world}: a collective needs at least 2 ranks")
+    if options.device == "cuda" and torch.cuda.device_count() < world:
+        raise UsageError(
+            f"--world-size {world} on cuda needs {world} GPUs (nccl, one per rank); "
+            f"this host has {torch.cuda.device_count()}"
+        )
+    return world
 
 
 def verify_bundle(
-    bundle_dir: Path, manifest: Manifest, digest: str, options: VerifyOptions, progress: Progress | None = None
+    bundle_dir: Path, manifest: Manifest, digest: str, options: VerifyOptions, progress: Progress | None = None,
+    seed: int | None = None,
 ) -> VerifyReport:
+    """Verify every op of an admitted bundle. ``seed`` (else ``options.seed``, else OS entropy)
+    decides every draw of the run."""
     check_device(options.device)
     slots = [get_slot(op.slot) for op in manifest.ops]
     if options.world_size is not None and not any(s.kind == "collective" for s in slots):
         raise UsageError("--world-size applies to collective slots only; this bundle has none")
-    ops = [_verify_op(bundle_dir, op, options, progress) for op in manifest.ops]
+    if options.confinement is Confinement.BUBBLEWRAP:
+        require_bubblewrap()
+    run_seed = seed if seed is not None else options.seed if options.seed is not None else draw_seed()
+    declared = manifest.declared_files()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(PARENT_THREADS)
+    try:
+        ops = [_verify_op(Path(bundle_dir), declared, op, options, run_seed, progress) for op in manifest.ops]
+    finally:
+        torch.set_num_threads(threads)
     verdict, reason = combine(ops)
     env = environment(options.device)
     if options.profile is not None:
         env["model_profile"] = options.profile.key
     return VerifyReport(
-        bundle_id=manifest.bundle_id,
-        bundle_digest=digest,
-        device=options.device,
-        seed=options.seed,
-        ops=ops,
-        environment=env,
-        verdict=verdict,
-        reason=reason,
+        bundle_id=manifest.bundle_id, bundle_digest=digest, device=options.device, seed=run_seed,
+        confinement=options.confinement.value, ops=ops, environment=env, verdict=verdict, reason=reason,
     )
-
-
-def cases(slot: SlotSpec, seed: int) -> Iterator[ShapeCase]:
-    for i, case in enumerate(slot.shapes):
-        yield case
-        yield jitter_case(slot, case, derive_seed(seed, slot.name, "jitter", i))
 
 
 def _dtypes(slot: SlotSpec, op: OpEntry, requested: tuple[str, ...]) -> list[str]:
@@ -129,157 +111,78 @@ def _dtypes(slot: SlotSpec, op: OpEntry, requested: tuple[str, ...]) -> list[str
     return [d for d in op.dtypes if not requested or d in requested]
 
 
-def _verify_op(bundle_dir: Path, op: OpEntry, options: VerifyOptions, progress: Progress | None) -> OpReport:
+def _verify_op(
+    bundle_dir: Path, declared: tuple[str, ...], op: OpEntry, options: VerifyOptions, seed: int,
+    progress: Progress | None,
+) -> OpReport:
     slot = get_slot(op.slot)
     if options.profile is not None:
         slot = apply_profile(slot, options.profile)
-    report = OpReport(slot=slot.name, entry=op.entry, source=op.source, mode=slot.comparator.mode)
     dtypes = _dtypes(slot, op, options.dtypes)
+
+    def report(verdict: Verdict, reason: str, **rest: Any) -> OpReport:
+        return OpReport(slot.name, op.entry, op.source, slot.comparator.mode, verdict, reason, **rest)
+
     if not dtypes:
-        report.verdict, report.reason = "FAIL", "no dtype left to verify (manifest dtypes ∩ --dtype is empty)"
-        return report
+        return report("FAIL", "no dtype left to verify (manifest dtypes ∩ --dtype is empty)")
+    world = world_size_for(slot, options)
 
-    def emit(result: CaseResult) -> None:
-        report.cases.append(result)
+    def emit(result: CaseResult | StageResult) -> None:
         if progress is not None:
-            progress(report, result)
+            progress(slot.comparator.mode, result)
 
+    done: list[StageResult] = []
+    applied: dict[str, str] = {}
     try:
-        if slot.kind == "collective":
-            from cacheon.verify.collective import run_collective
-
-            graph_ok = run_collective(bundle_dir, op, slot, dtypes, options, emit, report)
-        else:
-            graph_ok = _run_single(bundle_dir, op, slot, dtypes, options, emit, report)
-    except ChildFailure as failure:
-        report.verdict = "FAIL"
-        report.reason = f"candidate {failure.kind}: {last_line(failure.detail)}"
-        report.detail = failure.detail
-        return report
-    except (OSError, RuntimeError) as exc:  # spawning or pickling failed: the harness, not the candidate
+        group = CandidateGroup(bundle_dir, declared, op, options.device, world, options.confinement,
+                               options.resolved_limits(), options.timeout)
+    except OSError as exc:  # starting the child failed: the harness, not the candidate
         raise InfrastructureError(f"verification harness failed for {slot.name}: {exc}") from exc
-    _conclude(report, slot, graph_ok)
-    return report
+    with group:
+        try:
+            applied = {**group.boot(options.import_timeout), "world_size": str(world)}
+            _run_stages(stages.Run(slot, dtypes, options, seed, group, emit), done, emit)
+            left = group.extra_processes()
+        except ChildFailure as failure:
+            return report("FAIL", f"candidate {failure.kind}: {failure.reason}", stages=tuple(done),
+                          confinement=applied, candidate_output=group.output_tail(), detail=failure.detail)
+        output = group.output_tail()
+    verdict, reason = _conclude(slot, done, left)
+    detail = next((c.detail for s in done for c in s.cases if c.detail), "")
+    return report(verdict, reason, stages=tuple(done), confinement=applied, candidate_output=output, detail=detail)
 
 
-def _conclude(report: OpReport, slot: SlotSpec, graph_ok: bool) -> None:
-    failed = [c for c in report.cases if not c.ok]
+def _run_stages(run: stages.Run, done: list[StageResult], emit: Callable[[StageResult], None]) -> None:
+    """Eager (collective), graph (world 1), stability; a failed stage ends the op unless --keep-going."""
+    keep_going = run.options.keep_going
+    done.append(stages.eager(run))
+    if run.world == 1:
+        done.append(stages.graph(run, done[-1].ok))
+    if not (keep_going or all(s.ok for s in done)):
+        done.append(StageResult(Stage.STABILITY, skipped="an earlier stage failed"))
+        return
+    plan = stability_plan(run.slot, run.dtypes, run.seed, run.options.stability_calls)
+    if not plan.calls:
+        done.append(StageResult(Stage.STABILITY, skipped="--stability-calls 0"))
+        return
+    done.append(stages.stability(run, plan))
+    emit(done[-1])
+
+
+def _conclude(slot: SlotSpec, done: list[StageResult], left: int | None) -> tuple[Verdict, str]:
+    cases = [c for s in done for c in s.cases]
+    failed = [c for c in cases if not c.ok]
     if failed:
         first = failed[0]
-        report.verdict = "FAIL"
-        report.reason = (
-            f"{len(failed)} of {len(report.cases)} cases run failed; first: {first.stage} {first.dtype} "
+        return "FAIL", (
+            f"{len(failed)} of {len(cases)} judged calls failed; first: {first.stage.value} {first.dtype} "
             f"{first.shape} #{first.trial}: {first.failures[0].splitlines()[0]}"
         )
-    elif slot.requires_graph_proof() and not graph_ok:
-        report.verdict = "NUMERICAL_PASS"
-        report.reason = f"numerics match on every case; CUDA-graph replay proof not run ({report.graph})"
-    else:
-        report.reason = f"{len(report.cases)} cases matched the float64 reference"
-
-
-def message(slot: SlotSpec, case: ShapeCase, dtype: str, inputs: dict[str, torch.Tensor], refill: bool) -> dict:
-    """A call: on refill only the graph-dynamic inputs travel (static ones stay in their buffers)."""
-    sent = {n: inputs[n] for n in slot.graph_dynamic} if refill else inputs
-    msg: dict[str, Any] = {
-        "inputs": sent,
-        "outputs": output_layout(slot, case, dtype),
-        "scalars": slot.scalars(case),
-        "args": list(slot.args),
-        "refill": refill,
-    }
-    if slot.prepare_inputs and not refill:
-        msg["prepare"] = list(slot.prepare_inputs)
-    return msg
-
-
-def case_result(stage: str, dtype: str, case: ShapeCase, trial: int, verdict: Judgement) -> CaseResult:
-    return CaseResult(
-        stage, dtype, case.label(), trial, verdict.ok, verdict.max_abs_err, verdict.max_rel_err,
-        verdict.metric, verdict.failures,
-    )
-
-
-def _run_single(
-    bundle_dir: Path, op: OpEntry, slot: SlotSpec, dtypes: list[str], options: VerifyOptions, emit: Emit,
-    report: OpReport,
-) -> bool:
-    limits = limits_for(options.device, collective=False)
-    with CandidateProcess(bundle_dir, op, options.device, options.timeout, limits) as proc:
-        try:
-            proc.wait_ready(options.import_timeout)
-            report.isolation = proc.isolation
-            if not _eager_stage(proc, slot, dtypes, options, emit):
-                report.detail = "stopped at the first failing case (--keep-going runs every case)"
-                return False
-            return _graph_stage(proc, slot, dtypes, options, emit, report)
-        finally:
-            report.candidate_output = proc.output_tail()
-
-
-def _eager_stage(proc: CandidateProcess, slot: SlotSpec, dtypes: list[str], options: VerifyOptions, emit: Emit) -> bool:
-    """Returns False when it stopped early at a failure."""
-    for dtype in dtypes:
-        for case in cases(slot, options.seed):
-            inputs: dict[str, torch.Tensor] = {}
-            for trial in range(2):
-                fresh = make_inputs(slot, case, dtype, derive_seed(options.seed, slot.name, dtype, case.label(), trial))
-                inputs = refresh_dynamic(slot, inputs, fresh) if trial else fresh
-                kind, payload = proc.request("call", message(slot, case, dtype, inputs, refill=trial > 0))
-                reference = slot.reference(inputs, slot.scalars(case))
-                verdict = judge(slot, case, dtype, inputs, reference, kind, payload)
-                emit(case_result("eager", dtype, case, trial, verdict))
-                if not verdict.ok and not options.keep_going:
-                    return False
-    return True
-
-
-def _graph_stage(
-    proc: CandidateProcess, slot: SlotSpec, dtypes: list[str], options: VerifyOptions, emit: Emit, report: OpReport
-) -> bool:
-    """CUDA-graph capture + poisoned replays; returns whether the proof ran and passed."""
-    if not slot.requires_graph_proof():
-        report.graph = "not_required"
-        return False
-    if options.device != "cuda" and options.graph_backend == CUDA_BACKEND:
-        report.graph = "not_run: CUDA graphs need --device cuda"
-        return False
-    if options.graph_replays < 1:
-        report.graph = "not_run: --graph-replays 0"
-        return False
-    if any(not c.ok for c in report.cases):
-        report.graph = "not_run: eager stage failed"
-        return False
-    for dtype in dtypes:
-        for case in slot.shapes:
-            if not _graph_case(proc, slot, case, dtype, options, emit):
-                report.graph = "failed"
-                return False
-    if not options.graph_is_proof:
-        report.graph = f"emulated ({options.graph_backend}): replays matched, but this is no CUDA-graph proof"
-        return False
-    report.graph = f"passed: {options.graph_replays} poisoned replays per case"
-    return True
-
-
-def _graph_case(
-    proc: CandidateProcess, slot: SlotSpec, case: ShapeCase, dtype: str, options: VerifyOptions, emit: Emit
-) -> bool:
-    inputs = make_inputs(slot, case, dtype, derive_seed(options.seed, slot.name, dtype, case.label(), "capture"))
-    kind, payload = proc.request("capture", {**message(slot, case, dtype, inputs, refill=False),
-                                             "backend": options.graph_backend})
-    if kind == "infra_error":
-        raise InfrastructureError(f"graph backend {options.graph_backend} failed: {last_line(payload)}")
-    if kind != "captured":
-        emit(case_result("graph", dtype, case, 0, Judgement([f"capture raised: {last_line(payload)}"])))
-        return False
-    for replay in range(1, options.graph_replays + 1):
-        seed = derive_seed(options.seed, slot.name, dtype, case.label(), "replay", replay)
-        inputs = refresh_dynamic(slot, inputs, make_inputs(slot, case, dtype, seed))
-        kind, payload = proc.request("replay", {"inputs": {n: inputs[n] for n in slot.graph_dynamic}})
-        verdict = judge(slot, case, dtype, inputs, slot.reference(inputs, slot.scalars(case)), kind, payload)
-        emit(case_result("graph", dtype, case, replay, verdict))
-        if not verdict.ok:
-            return False
-    return True
-
+    if left:
+        return "FAIL", f"the candidate left {left} process(es) running in the sandbox (killed with it)"
+    graph = next((s.graph for s in done if s.graph is not None), None)
+    if slot.requires_graph_proof() and (graph is None or graph.status is not GraphStatus.PASSED):
+        return "NUMERICAL_PASS", f"numerics match on every case; CUDA-graph replay proof not run ({graph})"
+    stability = next((s for s in done if s.stage is Stage.STABILITY and not s.skipped), None)
+    extra = f"; {stability.checked} of {stability.calls} stability calls judged" if stability else ""
+    return "PASS", f"{len(cases)} cases matched the float64 reference{extra}"

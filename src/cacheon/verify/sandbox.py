@@ -1,71 +1,271 @@
-"""Confinement of the candidate's process, applied in the child before candidate code is imported.
+"""The sandbox around the candidate's processes: bubblewrap, as the verifier's host side builds it.
 
-What the platform allows, and a plain statement of what it does not: a scrubbed environment, a
-private working directory and HOME, resource limits (CPU time, address space, open files), stdout
-and stderr captured to a file, and no network (a fresh network namespace, when running as root).
+New user, PID, network, IPC, UTS and cgroup namespaces; an unprivileged uid (65534) and no
+capabilities; ``--die-with-parent`` and a new session; the rest of the host is not there. What is
+mounted, read-only: the interpreter's prefix, the system libraries it links against, the
+site-packages, the ``cacheon`` package alone (never the checkout it may sit in) and a private copy
+of the bundle. ``/tmp`` (also the working directory and HOME) is a private, size-limited tmpfs.
+The network namespace has only loopback, which every rank of a collective shares. On CUDA the
+``/dev/nvidia*`` nodes are added, and ``/usr`` whole for the compiler Triton builds with.
+
+Run as root, bubblewrap is told to wait until the verifier has written the new user namespace's
+uid/gid maps (sandbox root = host root for the mounts, 65534 = host 65534 for the child); the child
+then drops to 65534 itself. Its processes are then not host root, so the process limit holds
+(the kernel exempts uid 0 from RLIMIT_NPROC even inside a user namespace).
 """
 
 from __future__ import annotations
 
-import ctypes
+import glob
+import json
 import os
-import resource
+import select
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import lru_cache
+from pathlib import Path
 
-CLONE_NEWNET = 0x40000000
-#: environment variables a kernel may legitimately need; everything else is dropped
-ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES", "CUDA_HOME")
-ENV_KEEP_PREFIXES = ("NVIDIA_", "TRITON_")
+import cacheon
+from cacheon.errors import CacheonError
+
+SANDBOX_UID = 65534
+INSTALL_HINT = "install it (Debian/Ubuntu: apt-get install bubblewrap), or pass --confinement none to run unconfined"
+BUNDLE_MOUNT = "/cacheon/bundle"
+LIB_MOUNT = "/cacheon/lib"
+SITE_MOUNT = "/cacheon/site"
+WORKDIR = "/tmp"
+_SYSTEM_LIBS = ("/lib", "/lib64", "/lib32", "/libx32")
+_USR_LIBS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32")
+
+
+class SandboxUnavailable(CacheonError):
+    """bubblewrap is missing or cannot create namespaces here (exit 1: nothing was run)."""
 
 
 @dataclass(frozen=True)
-class Limits:
-    cpu_seconds: int = 1800
-    address_space_bytes: int | None = 32 << 30  # None: no limit (CUDA maps far more virtual memory)
-    open_files: int = 1024
-    network: bool = False  # collectives keep loopback so their ranks can meet
+class Mounts:
+    """Host paths the sandbox needs, and where the child sees them."""
+
+    interpreter: str  # the real executable, bound at the same path
+    prefixes: tuple[str, ...]  # the interpreter's installation(s), bound at the same paths
+    site: tuple[str, ...]  # site-packages directories, bound under SITE_MOUNT/<i>
+    package: str  # the cacheon package directory, bound at LIB_MOUNT/cacheon
+
+    @classmethod
+    def of_this_interpreter(cls) -> Mounts:
+        executable = os.path.realpath(sys.executable)
+        prefixes = {os.path.realpath(sys.base_prefix)}
+        if not any(executable.startswith(p + os.sep) for p in prefixes):
+            prefixes.add(os.path.dirname(executable))
+        paths = sysconfig.get_paths()
+        site = tuple(dict.fromkeys(os.path.realpath(paths[k]) for k in ("purelib", "platlib")))
+        return cls(executable, tuple(sorted(prefixes)), site, os.path.realpath(os.path.dirname(cacheon.__file__)))
+
+    def child_paths(self) -> list[str]:
+        """``sys.path`` additions inside the sandbox: cacheon first, then the site-packages."""
+        return [LIB_MOUNT] + [f"{SITE_MOUNT}/{i}" for i in range(len(self.site))]
 
 
-def _scrub_environment(private: str) -> None:
-    kept = {k: v for k, v in os.environ.items() if k in ENV_KEEP or k.startswith(ENV_KEEP_PREFIXES)}
-    os.environ.clear()
-    os.environ.update(kept)
-    os.environ.update({"HOME": private, "TMPDIR": private})
+def _dirs_for(dest: str, made: set[str]) -> list[str]:
+    """``--dir`` for each missing ancestor of ``dest``, world-traversable (bwrap makes them 0700)."""
+    args: list[str] = []
+    parts = Path(dest).parts[1:-1]
+    for i in range(len(parts)):
+        parent = "/" + "/".join(parts[: i + 1])
+        if parent not in made:
+            made.add(parent)
+            args += ["--perms", "0755", "--dir", parent]
+    return args
 
 
-def _set_limit(kind: int, value: int) -> str:
-    _soft, hard = resource.getrlimit(kind)
-    capped = value if hard == resource.RLIM_INFINITY else min(value, hard)
-    resource.setrlimit(kind, (capped, hard if hard != resource.RLIM_INFINITY else capped))
-    return str(capped)
-
-
-def _new_network_namespace() -> str:
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "not isolated: a new network namespace needs root"
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNET) != 0:
-        return f"not isolated: unshare(CLONE_NEWNET) failed ({os.strerror(ctypes.get_errno())})"
-    return "isolated: new network namespace without interfaces up"
-
-
-def confine(private: str, log_path: str, limits: Limits) -> dict[str, Any]:
-    """Apply every confinement this host supports; return what was applied, for the report."""
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-    os.chdir(private)
-    _scrub_environment(private)
-    applied: dict[str, Any] = {"cwd": "private", "environment": "scrubbed", "output": "captured"}
-    applied["cpu_seconds"] = _set_limit(resource.RLIMIT_CPU, limits.cpu_seconds)
-    applied["open_files"] = _set_limit(resource.RLIMIT_NOFILE, limits.open_files)
-    if limits.address_space_bytes is not None:
-        applied["address_space_bytes"] = _set_limit(resource.RLIMIT_AS, limits.address_space_bytes)
+def bwrap_argv(
+    mounts: Mounts,
+    bundle_copy: str,
+    device: str,
+    tmpfs_bytes: int,
+    as_root: bool,
+    info_fd: int,
+    block_fd: int | None = None,
+    nvidia_nodes: Sequence[str] = (),
+) -> list[str]:
+    """The bubblewrap command line up to (not including) the command. As root, bubblewrap blocks
+    on ``block_fd`` until the verifier has written the id maps of the child named on ``info_fd``."""
+    argv = [bwrap_binary(), "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
+            "--info-fd", str(info_fd)]
+    if as_root:
+        if block_fd is None:
+            raise ValueError("as root, bubblewrap needs a userns block fd")
+        argv += ["--userns-block-fd", str(block_fd), "--cap-drop", "ALL",
+                 "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
-        applied["address_space_bytes"] = "not limited (CUDA reserves large virtual ranges)"
-    applied["network"] = (
-        "not isolated: collective ranks talk over loopback" if limits.network else _new_network_namespace()
-    )
-    return applied
+        argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--cap-drop", "ALL"]
+    binds: list[tuple[str, str]] = []
+    if device == "cuda":
+        binds.append(("/usr", "/usr"))
+    else:
+        binds += [(p, p) for p in _USR_LIBS if os.path.isdir(p) and not os.path.islink(p)]
+    for path in _SYSTEM_LIBS:
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            binds.append((path, path))
+    binds += [(p, p) for p in mounts.prefixes]
+    binds += [(p, f"{SITE_MOUNT}/{i}") for i, p in enumerate(mounts.site)]
+    binds += [(mounts.package, f"{LIB_MOUNT}/cacheon"), (bundle_copy, BUNDLE_MOUNT)]
+    made: set[str] = set()
+    for source, dest in binds:
+        argv += [*_dirs_for(dest, made), "--ro-bind", source, dest]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    for node in nvidia_nodes:
+        argv += ["--dev-bind", node, node]
+    argv += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", WORKDIR, "--chdir", WORKDIR]
+    return argv
+
+
+def nvidia_device_nodes() -> list[str]:
+    """The GPU device nodes a CUDA run needs (and nothing else under /dev)."""
+    return sorted(p for p in glob.glob("/dev/nvidia*") if not os.path.isdir(p))
+
+
+def bwrap_binary() -> str:
+    """The bwrap on the verifier's PATH, by absolute path (the child's environment has another PATH)."""
+    return shutil.which("bwrap") or "bwrap"
+
+
+@lru_cache(maxsize=1)
+def _probe() -> str | None:
+    """None when bubblewrap can build this sandbox here; else why not (one line)."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed"
+    mounts = Mounts.of_this_interpreter()
+    with tempfile.TemporaryDirectory(prefix="cacheon-probe-") as tmp:
+        empty, log = Path(tmp) / "bundle", Path(tmp) / "log"
+        empty.mkdir(mode=0o755)
+        try:
+            sandbox = Launch.start(mounts, str(empty), "cpu", 64 << 20, [mounts.interpreter, "-I", "-S", "-c", "pass"],
+                                   {}, (), log)
+        except SandboxUnavailable as exc:
+            return str(exc)
+        try:
+            code = sandbox.process.wait(30)
+        except subprocess.TimeoutExpired:
+            sandbox.process.kill()
+            return "bubblewrap did not finish a trivial sandbox within 30 s"
+        if code != 0:
+            return f"bubblewrap cannot create the sandbox here ({last_line(log)})"
+    return None
+
+
+def require_bubblewrap() -> None:
+    """Refuse (exit 1, one line) when the sandbox cannot run on this host."""
+    problem = _probe()
+    if problem is not None:
+        raise SandboxUnavailable(f"cannot confine the candidate: {problem}; {INSTALL_HINT}")
+
+
+def last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no message"
+    return lines[-1] if lines else "no message"
+
+
+@dataclass
+class Launch:
+    """A started sandbox: the bubblewrap process and the sandbox's PID namespace (for a census)."""
+
+    process: subprocess.Popen[bytes]
+    child_pid: int | None
+    pid_namespace: int | None
+
+    @classmethod
+    def start(
+        cls,
+        mounts: Mounts,
+        bundle_copy: str,
+        device: str,
+        tmpfs_bytes: int,
+        command: list[str],
+        env: dict[str, str],
+        pass_fds: Sequence[int],
+        log: Path,
+    ) -> Launch:
+        """Start ``command`` in a new sandbox, its stdout and stderr (and bubblewrap's) to ``log``."""
+        as_root = os.geteuid() == 0
+        info_r, info_w = os.pipe()
+        block_r, block_w = os.pipe() if as_root else (None, None)
+        nodes = nvidia_device_nodes() if device == "cuda" else []
+        argv = bwrap_argv(mounts, bundle_copy, device, tmpfs_bytes, as_root, info_w, block_r, nodes)
+        sync = (info_w,) if block_r is None else (info_w, block_r)
+        try:
+            with log.open("ab") as out:
+                process = subprocess.Popen([*argv, *command], pass_fds=(*pass_fds, *sync), env=env,
+                                           stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        except OSError as exc:
+            raise SandboxUnavailable(f"bubblewrap could not be started ({exc.strerror})") from None
+        finally:
+            for fd in sync:
+                os.close(fd)
+        launch = cls(process, None, None)
+        try:
+            info = _read_info(info_r, process)
+            if info is not None:
+                launch.child_pid, launch.pid_namespace = int(info["child-pid"]), int(info["pid-namespace"])
+                if block_w is not None:
+                    _write_id_maps(launch, block_w)
+        finally:
+            os.close(info_r)
+            if block_w is not None:
+                os.close(block_w)
+        return launch
+
+
+def _read_info(fd: int, process: subprocess.Popen[bytes]) -> dict[str, int] | None:
+    """bubblewrap's info JSON (child pid, namespace ids); None if it exited before writing it."""
+    data = b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], 30)
+        if not ready:
+            process.kill()
+            raise SandboxUnavailable("bubblewrap did not report its child within 30 s")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        data += chunk
+    if not data.strip():
+        return None
+    parsed: dict[str, int] = json.loads(data)
+    return parsed
+
+
+def _write_id_maps(launch: Launch, block_fd: int) -> None:
+    """Sandbox root is host root (for the mounts only; it holds no capability outside), and the
+    child's uid and gid 65534 are host 65534. Then let bubblewrap go on."""
+    try:
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/{launch.child_pid}/{name}", "w", encoding="ascii") as fh:
+                fh.write(f"0 0 1\n{SANDBOX_UID} {SANDBOX_UID} 1\n")
+        os.write(block_fd, b"1")
+    except OSError as exc:
+        launch.process.kill()
+        raise SandboxUnavailable(f"the sandbox's user namespace could not be mapped ({exc.strerror})") from None
+
+
+def processes_in(pid_namespace: int) -> list[int]:
+    """Host pids of every process in a PID namespace (the sandbox's, from outside)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}/ns/pid").st_ino == pid_namespace:
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found

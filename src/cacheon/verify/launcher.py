@@ -1,0 +1,275 @@
+"""The candidate's processes as the parent sees them: one sandbox per op, one channel per rank.
+
+Every rank of a collective runs in the same sandbox (they meet over its loopback), each behind
+its own parent-owned socket; a rank sees no other rank's channel. Every exchange is bounded by a
+timeout that kills the whole sandbox rather than wait forever. With ``--confinement none`` the
+same child runs as a plain process of the verifier, in a private working directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from pathlib import Path, PurePosixPath
+
+import msgspec
+
+from cacheon.bundle.manifest import OpEntry
+from cacheon.errors import CacheonError
+from cacheon.verify import channel
+from cacheon.verify.child import BOOTSTRAP
+from cacheon.verify.messages import (
+    Boot,
+    Booted,
+    BootLimits,
+    FromChild,
+    ImportFailed,
+    Ready,
+    Reply,
+    Stop,
+    ToChild,
+)
+from cacheon.verify.plan import Confinement, Limits
+from cacheon.verify.sandbox import BUNDLE_MOUNT, SANDBOX_UID, WORKDIR, Launch, Mounts, processes_in
+from cacheon.verify.untrusted import escape_controls, one_line
+
+MAX_MESSAGE_BYTES = 1 << 31
+#: host environment variables the child keeps (device selection); everything else is dropped
+ENV_KEEP = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "TZ")
+
+
+class InfrastructureError(CacheonError):
+    """The harness itself could not run (exit 1): not the candidate's fault."""
+
+
+class ChildFailure(Exception):
+    """The candidate's process misbehaved: it hung (``timeout``), died (``crashed``), failed to
+    import (``import_error``) or broke the protocol (``protocol``). ``reason`` is one line; ``detail``
+    (a traceback, when there is one) is shown with --debug only."""
+
+    def __init__(self, kind: str, reason: str, detail: str = "") -> None:
+        super().__init__(kind, reason)
+        self.kind = kind
+        self.reason = reason
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.reason}"
+
+
+def _child_env(device: str, workdir: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k in ENV_KEEP or k.startswith("NVIDIA_")}
+    env.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir,
+                "GLOO_SOCKET_IFNAME": "lo", "TRITON_CACHE_DIR": f"{workdir}/.triton"})
+    if device == "cpu":
+        env["TRITON_INTERPRET"] = "1"  # Triton kernels run on CPU through the interpreter
+    else:
+        libcuda = sorted(Path("/usr").glob("lib*/**/libcuda.so.1"))
+        if libcuda:  # Triton would otherwise run /sbin/ldconfig, which the sandbox does not have
+            env["TRITON_LIBCUDA_PATH"] = str(libcuda[0].parent)
+    return env
+
+
+def copy_bundle(root: Path, declared: tuple[str, ...], dest: Path) -> None:
+    """The declared files only, world-readable (the sandbox's uid reads them), never links."""
+    dest.mkdir(mode=0o755)
+    for rel in declared:
+        target = dest / PurePosixPath(rel)
+        for parent in reversed(target.relative_to(dest).parents[:-1]):
+            (dest / parent).mkdir(mode=0o755, exist_ok=True)
+        fd = os.open(root / rel, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as src, target.open("xb") as out:
+            shutil.copyfileobj(src, out)
+        target.chmod(0o644)
+
+
+class CandidateGroup:
+    """The processes verifying one op: ``world`` ranks in one sandbox (or unconfined)."""
+
+    def __init__(
+        self,
+        bundle: Path,
+        declared: tuple[str, ...],
+        op: OpEntry,
+        device: str,
+        world: int,
+        confinement: Confinement,
+        limits: Limits,
+        timeout: float,
+    ) -> None:
+        self.world = world
+        self.confinement = confinement
+        self._timeout = timeout
+        self._tmp = tempfile.TemporaryDirectory(prefix="cacheon-verify-")
+        tmp = Path(self._tmp.name)
+        self.log_path = tmp / "candidate.log"
+        self.log_path.touch(mode=0o600)
+        copy_bundle(bundle, declared, tmp / "bundle")
+        confined = confinement is Confinement.BUBBLEWRAP
+        workdir = WORKDIR if confined else str(tmp / "work")
+        if not confined:
+            os.mkdir(workdir, 0o700)
+        pairs = [socket.socketpair() for _ in range(world)]
+        self._conns = [Connection(parent.detach()) for parent, _ in pairs]
+        child_fds = [child.detach() for _, child in pairs]
+        boot = Boot(
+            rank=0 if world == 1 else -1, world=world, fds=child_fds,
+            bundle=BUNDLE_MOUNT if confined else str(tmp / "bundle"),
+            slot=op.slot, source=op.source, entry=op.entry, prepare=op.prepare, device=device,
+            limits=BootLimits(limits.cpu_seconds, limits.address_space_bytes, limits.file_bytes, limits.open_files,
+                              limits.processes if confined else None),
+            drop_uid=SANDBOX_UID if confined and os.geteuid() == 0 else None,
+            workdir=workdir, rendezvous=f"file://{workdir}/rendezvous", confinement=confinement.value,
+        )
+        mounts = Mounts.of_this_interpreter()
+        paths = mounts.child_paths() if confined else [os.path.dirname(mounts.package), *mounts.site]
+        command = [mounts.interpreter, "-I", "-S", "-B", "-c", BOOTSTRAP, ":".join(paths),
+                   msgspec.json.encode(boot).decode()]
+        env = _child_env(device, workdir)
+        self._launch: Launch | None = None
+        try:
+            if confined:
+                self._launch = Launch.start(mounts, str(tmp / "bundle"), device, limits.tmpfs_bytes, command, env,
+                                            child_fds, self.log_path)
+                self._process = self._launch.process
+            else:
+                with self.log_path.open("ab") as out:
+                    self._process = subprocess.Popen(command, pass_fds=child_fds, env=env, cwd=workdir,
+                                                     stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                                     start_new_session=True)
+        finally:
+            for fd in child_fds:
+                os.close(fd)
+
+    def __enter__(self) -> CandidateGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _rank_prefix(self, rank: int) -> str:
+        return f"rank {rank}: " if self.world > 1 else ""
+
+    def receive(self, rank: int, timeout: float | None = None) -> FromChild:
+        timeout = self._timeout if timeout is None else timeout
+        conn = self._conns[rank]
+        try:
+            if not conn.poll(timeout):
+                self.kill()
+                raise ChildFailure("timeout", f"{self._rank_prefix(rank)}no answer within {timeout:g}s; "
+                                   "the candidate process was killed")
+            data = conn.recv_bytes(maxlength=MAX_MESSAGE_BYTES)
+        except (EOFError, ConnectionResetError, BrokenPipeError):
+            raise ChildFailure("crashed", self._rank_prefix(rank) + self._exit_description()) from None
+        except OSError as exc:
+            self.kill()
+            raise ChildFailure("protocol", f"{self._rank_prefix(rank)}unreadable message ({exc})") from None
+        try:
+            return channel.decode_from_child(data)
+        except channel.ChannelError as exc:
+            self.kill()
+            raise ChildFailure("protocol", f"{self._rank_prefix(rank)}the candidate process sent an invalid "
+                               f"message ({exc})") from None
+
+    def send(self, rank: int, message: ToChild) -> None:
+        try:
+            self._conns[rank].send_bytes(channel.encode(message))
+        except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
+            raise ChildFailure("crashed", self._rank_prefix(rank) + self._exit_description()) from None
+
+    def boot(self, import_timeout: float) -> dict[str, str]:
+        """Wait for every rank's confinement, then its import; return what rank 0 applied."""
+        applied: dict[str, str] = {}
+        for rank in range(self.world):
+            try:
+                booted = self.receive(rank, 60.0)
+            except ChildFailure as failure:
+                raise InfrastructureError(f"the candidate's sandbox did not start ({failure.reason}; "
+                                          f"{one_line(self.output_tail())})") from None
+            if not isinstance(booted, Booted):
+                self.kill()
+                raise ChildFailure("protocol", f"{self._rank_prefix(rank)}expected a boot message")
+            applied = applied or dict(booted.applied)
+        for rank in range(self.world):
+            ready = self.receive(rank, import_timeout)
+            if isinstance(ready, ImportFailed):
+                raise ChildFailure("import_error", self._rank_prefix(rank) + one_line(ready.reason), ready.detail)
+            if not isinstance(ready, Ready):
+                self.kill()
+                raise ChildFailure("protocol", f"{self._rank_prefix(rank)}expected a ready message")
+        return applied
+
+    def exchange(self, messages: Sequence[ToChild], seq: int) -> list[Reply]:
+        """One message to each rank (all sent before any answer is awaited), one reply from each."""
+        for rank, message in enumerate(messages):
+            self.send(rank, message)
+        replies: list[Reply] = []
+        for rank in range(len(messages)):
+            reply = self.receive(rank)
+            if isinstance(reply, (Booted, Ready, ImportFailed)) or reply.seq != seq:
+                self.kill()
+                raise ChildFailure("protocol", f"{self._rank_prefix(rank)}answered out of turn")
+            replies.append(reply)
+        return replies
+
+    def extra_processes(self) -> int | None:
+        """Processes in the sandbox beyond bubblewrap's init, the child and (collectives) its
+        ranks: what the candidate started and left running. None when unconfined (not visible)."""
+        if self._launch is None or self._launch.pid_namespace is None:
+            return None
+        expected = 2 + (self.world if self.world > 1 else 0)
+        return max(0, len(processes_in(self._launch.pid_namespace)) - expected)
+
+    def output_tail(self, limit: int = 4000) -> str:
+        """What the candidate printed (untrusted text, escaped, for the report only)."""
+        try:
+            with self.log_path.open("rb") as fh:
+                fh.seek(max(0, self.log_path.stat().st_size - limit))
+                data = fh.read(limit)
+        except OSError:
+            return ""
+        return escape_controls(data.decode("utf-8", "replace"), keep_newlines=True)
+
+    def _exit_description(self) -> str:
+        try:
+            code = self._process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return "the candidate process stopped answering"
+        if self.world > 1:
+            return f"a candidate process ended (the sandbox exited with code {code})"
+        signum = -code if code < 0 else code - 128 if self._launch is not None and code > 128 else 0
+        if signum:
+            with contextlib.suppress(ValueError):
+                return f"the candidate process died from signal {signal.Signals(signum).name}"
+        return f"the candidate process exited with code {code}"
+
+    def kill(self) -> None:
+        """End every process of the candidate: the sandbox (its PID namespace dies with it), or
+        unconfined, the child's process group."""
+        if self._process.poll() is None:
+            if self._launch is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(5)
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            for rank in range(self.world):
+                with contextlib.suppress(OSError, EOFError):
+                    self._conns[rank].send_bytes(channel.encode(Stop()))
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(5)
+        self.kill()
+        for conn in self._conns:
+            conn.close()
+        self._tmp.cleanup()

@@ -1,0 +1,181 @@
+"""What one verification will do: its options, the limits of the candidate's process, and the cases.
+
+Every draw (shapes, input statistics, poison, the stability stage's order and the calls it checks)
+comes from one run seed. Without ``--seed`` the seed is drawn from OS entropy, so a candidate
+cannot know in advance what it will be asked; the seed is printed and recorded, and passing it
+back reproduces the run exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+from dataclasses import dataclass
+from enum import StrEnum
+
+from cacheon.contract.inputs import (
+    Statistics,
+    derive_seed,
+    draw_statistics,
+    input_elements,
+    jitter_case,
+    with_tokens,
+)
+from cacheon.contract.profiles import Profile
+from cacheon.contract.spec import ShapeCase, SlotSpec
+from cacheon.verify.graphs import CUDA_BACKEND
+
+#: a drawn case ships at most this many elements per rank (keeps the largest batches CPU-sized)
+DRAWN_ELEMENT_BUDGET = 1 << 24
+#: a stability call ships at most this many elements per rank, when a registered case allows it
+STABILITY_ELEMENT_BUDGET = 1 << 18
+STABILITY_MAX_TOKENS = 4
+#: the share of stability calls the parent judges; the candidate cannot tell which
+STABILITY_CHECK_SHARE = 0.125
+DEFAULT_WORLD_SIZE = 2
+
+
+class Confinement(StrEnum):
+    """What the candidate's process runs inside."""
+
+    BUBBLEWRAP = "bubblewrap"  # new namespaces, unprivileged uid, read-only binds, rlimits
+    NONE = "none"  # an ordinary child process of the verifier: only by explicit request
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of the candidate's processes (per process, except ``processes``: the
+    number of processes and threads in the whole sandbox)."""
+
+    cpu_seconds: int = 1800
+    address_space_bytes: int | None = 32 << 30  # None on CUDA, which reserves far more virtual memory
+    file_bytes: int = 256 << 20
+    open_files: int = 1024
+    processes: int = 256
+    tmpfs_bytes: int = 1 << 30
+
+    @classmethod
+    def for_device(cls, device: str) -> Limits:
+        return cls(address_space_bytes=None) if device == "cuda" else cls()
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    device: str = "cpu"
+    dtypes: tuple[str, ...] = ()
+    seed: int | None = None  # None: drawn from OS entropy for this run
+    timeout: float = 120.0
+    import_timeout: float = 120.0
+    graph_replays: int = 3
+    keep_going: bool = False
+    world_size: int | None = None  # collectives; None means the default of 2
+    profile: Profile | None = None
+    #: ``module:Class`` of the graph backend; only the CUDA one on a CUDA device is a proof. Tests
+    #: inject an emulation to exercise the orchestration on CPU.
+    graph_backend: str = CUDA_BACKEND
+    confinement: Confinement = Confinement.BUBBLEWRAP
+    limits: Limits | None = None  # None: Limits.for_device(device)
+    stability_calls: int = 1000
+
+    @property
+    def graph_is_proof(self) -> bool:
+        return self.device == "cuda" and self.graph_backend == CUDA_BACKEND
+
+    def resolved_limits(self) -> Limits:
+        return self.limits or Limits.for_device(self.device)
+
+
+def draw_seed() -> int:
+    """A fresh 63-bit run seed from OS entropy."""
+    return secrets.randbits(63)
+
+
+class CaseKind(StrEnum):
+    REGISTERED = "registered"  # a shape the catalog names
+    JITTER = "jitter"  # a registered shape with a nearby token count
+    DRAWN = "drawn"  # a token count drawn from the lower half of the serving range
+    SERVING = "serving"  # a token count drawn from the top of the serving range
+
+
+@dataclass(frozen=True)
+class PlannedCase:
+    case: ShapeCase
+    kind: CaseKind
+    trials: int  # trial 0 fills fresh buffers; later trials refill them with new values
+    statistics: Statistics | None = None  # None: the slot's plain initialisation
+
+    def note(self) -> str:
+        return "" if self.statistics is None else f"{self.kind.value} {self.statistics.label()}"
+
+
+def eager_cases(slot: SlotSpec, dtype: str, seed: int) -> list[PlannedCase]:
+    """Registered shapes and their jitter first (plain inputs), then two draws from the serving
+    range with varied statistics: one below half of it, one in its top half."""
+    planned: list[PlannedCase] = []
+    for i, case in enumerate(slot.shapes):
+        planned.append(PlannedCase(case, CaseKind.REGISTERED, 2))
+        jittered = jitter_case(slot, case, derive_seed(seed, slot.name, "jitter", i))
+        planned.append(PlannedCase(jittered, CaseKind.JITTER, 2))
+    rng = random.Random(derive_seed(seed, slot.name, dtype, "draws"))
+    half = max(1, slot.serving_tokens // 2)
+    lower = min(half - 1, int(math.exp(rng.uniform(0.0, math.log(half))))) if half > 1 else 1
+    top = rng.randint(half, slot.serving_tokens)
+    for tokens, kind, trials in ((max(1, lower), CaseKind.DRAWN, 2), (top, CaseKind.SERVING, 1)):
+        base = _base_for(slot, tokens, DRAWN_ELEMENT_BUDGET, rng)
+        planned.append(PlannedCase(with_tokens(slot, base, tokens), kind, trials, draw_statistics(slot, rng)))
+    return planned
+
+
+def _base_for(slot: SlotSpec, tokens: int, budget: int, rng: random.Random) -> ShapeCase:
+    """A registered case to take the other dims from: any that fits the budget at ``tokens``,
+    else the one that ships the fewest elements."""
+    fitting = [c for c in slot.shapes if input_elements(slot, with_tokens(slot, c, tokens)) <= budget]
+    if fitting:
+        return rng.choice(fitting)
+    return min(slot.shapes, key=lambda c: input_elements(slot, with_tokens(slot, c, tokens)))
+
+
+@dataclass(frozen=True)
+class StabilitySet:
+    """One set of buffers the stability stage keeps in the child and refills many times."""
+
+    key: int
+    dtype: str
+    case: ShapeCase
+
+
+@dataclass(frozen=True)
+class StabilityCall:
+    key: int  # which set
+    refill: bool  # False for the set's first call (fresh buffers, prepare), True after
+    checked: bool  # judged by the parent; the child is never told
+    seed: int
+
+
+@dataclass(frozen=True)
+class StabilityPlan:
+    sets: tuple[StabilitySet, ...]
+    calls: tuple[StabilityCall, ...]
+
+
+def stability_plan(slot: SlotSpec, dtypes: list[str], seed: int, calls: int) -> StabilityPlan:
+    """Small sets (every dtype × the registered cases that stay CPU-sized at a few tokens), then
+    ``calls`` calls interleaved across them in random order, each judged with a fixed probability."""
+    rng = random.Random(derive_seed(seed, slot.name, "stability"))
+    cases = [c for c in slot.shapes
+             if input_elements(slot, with_tokens(slot, c, STABILITY_MAX_TOKENS)) <= STABILITY_ELEMENT_BUDGET]
+    if not cases:
+        cases = [min(slot.shapes, key=lambda c: input_elements(slot, with_tokens(slot, c, 1)))]
+    sets = tuple(
+        StabilitySet(i, dtype, with_tokens(slot, case, rng.randint(1, STABILITY_MAX_TOKENS)))
+        for i, (dtype, case) in enumerate((d, c) for d in dtypes for c in cases)
+    )
+    order = [s.key for s in sets] + [rng.randrange(len(sets)) for _ in range(max(0, calls - len(sets)))]
+    rng.shuffle(order)
+    seen: set[int] = set()
+    planned = []
+    for key in order:
+        planned.append(StabilityCall(key, key in seen, rng.random() < STABILITY_CHECK_SHARE, rng.getrandbits(63)))
+        seen.add(key)
+    return StabilityPlan(sets, tuple(planned))

@@ -1,0 +1,205 @@
+"""The stages of one op's verification. Each takes the running candidate and returns its result.
+
+- eager (``collective`` at world size > 1): every planned case, fresh buffers then a refill;
+- graph: CUDA-graph capture of each registered shape, then poisoned replays with fresh inputs;
+- stability: ``--stability-calls`` calls interleaved across small buffer sets in random order,
+  a random share of them judged, the rest only made (the child cannot tell which is which).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cacheon.contract.inputs import (
+    Inputs,
+    Statistics,
+    derive_seed,
+    draw_statistics,
+    make_rank_inputs,
+    output_layout,
+    reference_inputs,
+    refresh_dynamic,
+)
+from cacheon.contract.spec import ShapeCase, SlotSpec
+from cacheon.verify import channel
+from cacheon.verify.graphs import CUDA_BACKEND
+from cacheon.verify.judge import Judgement, judge_ranks
+from cacheon.verify.launcher import CandidateGroup, InfrastructureError
+from cacheon.verify.messages import BackendFailed, Call, Capture, Captured, OutputSpec, Poison, Raised, Replay, Reply
+from cacheon.verify.plan import StabilityPlan, VerifyOptions, eager_cases
+from cacheon.verify.poison import draw_poison
+from cacheon.verify.report import CaseResult, GraphResult, GraphStatus, Stage, StageResult
+from cacheon.verify.untrusted import one_line
+
+Emit = Callable[[CaseResult], None]
+EAGER_BUFFERS, GRAPH_BUFFERS, STABILITY_BUFFERS = 0, 1, 100
+
+
+@dataclass
+class Run:
+    """What every stage of one op shares: the slot, the candidate, the options and the run seed."""
+
+    slot: SlotSpec
+    dtypes: list[str]
+    options: VerifyOptions
+    seed: int
+    group: CandidateGroup
+    emit: Emit
+    _seq: int = field(default=0)
+
+    @property
+    def world(self) -> int:
+        return self.group.world
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def poison(self, *labels: object) -> Poison:
+        return draw_poison(random.Random(derive_seed(self.seed, self.slot.name, "poison", *labels)))
+
+    def inputs(self, case: ShapeCase, dtype: str, seed: int, stats: Statistics | None,
+               only: frozenset[str] | None = None) -> list[Inputs]:
+        return make_rank_inputs(self.slot, case, dtype, seed, self.world, stats, only)
+
+    def calls(self, seq: int, buffers: int, case: ShapeCase, dtype: str, ranks: list[Inputs], refill: bool,
+              poison: Poison) -> list[Call]:
+        """One call per rank: on refill only the graph-dynamic inputs travel (static ones stay put)."""
+        layout = {n: OutputSpec(list(shape), channel.dtype_name(dt)) for n, (shape, dt)
+                  in output_layout(self.slot, case, dtype).items()}
+        sent = set(self.slot.graph_dynamic) if refill else None
+        scalars = self.slot.scalars(case)
+        prepare = [] if refill else list(self.slot.prepare_inputs)
+        shipped = [{n: t for n, t in r.items() if sent is None or n in sent} for r in ranks]
+        return [
+            Call(seq, buffers, refill, channel.tensors_to_wire(inputs), layout, scalars, list(self.slot.args),
+                 prepare, poison)
+            for inputs in shipped
+        ]
+
+    def judge(self, case: ShapeCase, dtype: str, ranks: list[Inputs], replies: list[Reply]) -> Judgement:
+        reference = self.slot.reference(reference_inputs(self.slot, ranks), self.slot.scalars(case))
+        return judge_ranks(self.slot, case, dtype, ranks, reference, replies)
+
+
+def case_result(
+    stage: Stage, dtype: str, case: ShapeCase, trial: int, verdict: Judgement, note: str = ""
+) -> CaseResult:
+    return CaseResult(stage, dtype, case.label(), trial, verdict.ok, verdict.max_abs_err, verdict.max_rel_err,
+                      verdict.metric, tuple(verdict.failures), note, verdict.detail)
+
+
+def eager(run: Run) -> StageResult:
+    """Every planned case of every dtype; stops at the first failure unless --keep-going."""
+    stage = Stage.COLLECTIVE if run.world > 1 else Stage.EAGER
+    results: list[CaseResult] = []
+    for dtype in run.dtypes:
+        for planned in eager_cases(run.slot, dtype, run.seed):
+            case, label = planned.case, planned.case.label()
+            ranks: list[Inputs] = []
+            for trial in range(planned.trials):
+                seed = derive_seed(run.seed, run.slot.name, dtype, planned.kind.value, label, trial)
+                fresh = run.inputs(case, dtype, seed, planned.statistics)
+                ranks = [refresh_dynamic(run.slot, ranks[r], fresh[r]) for r in range(run.world)] if trial else fresh
+                seq = run.next_seq()
+                poison = run.poison(dtype, label, trial)
+                replies = run.group.exchange(run.calls(seq, EAGER_BUFFERS, case, dtype, ranks, trial > 0, poison), seq)
+                result = case_result(stage, dtype, case, trial, run.judge(case, dtype, ranks, replies),
+                                     planned.note())
+                results.append(result)
+                run.emit(result)
+                if not result.ok and not run.options.keep_going:
+                    return StageResult(stage, tuple(results), stopped=True)
+    return StageResult(stage, tuple(results))
+
+
+def graph(run: Run, eager_ok: bool) -> StageResult:
+    """CUDA-graph capture + poisoned replays; only the CUDA backend on a CUDA device is a proof."""
+    options = run.options
+
+    def standing(status: GraphStatus, detail: str, cases: tuple[CaseResult, ...] = ()) -> StageResult:
+        return StageResult(Stage.GRAPH, cases, graph=GraphResult(status, detail))
+
+    if not run.slot.requires_graph_proof():
+        return standing(GraphStatus.NOT_REQUIRED, "")
+    if options.device != "cuda" and options.graph_backend == CUDA_BACKEND:
+        return standing(GraphStatus.NOT_RUN, "CUDA graphs need --device cuda")
+    if options.graph_replays < 1:
+        return standing(GraphStatus.NOT_RUN, "--graph-replays 0")
+    if not eager_ok:
+        return standing(GraphStatus.NOT_RUN, "eager stage failed")
+    results: list[CaseResult] = []
+    for dtype in run.dtypes:
+        for case in run.slot.shapes:
+            if not _graph_case(run, case, dtype, results):
+                return standing(GraphStatus.FAILED, f"{dtype} {case.label()}", tuple(results))
+    if not options.graph_is_proof:
+        return standing(GraphStatus.EMULATED, f"{options.graph_backend}: replays matched, but this is no "
+                        "CUDA-graph proof", tuple(results))
+    return standing(GraphStatus.PASSED, f"{options.graph_replays} poisoned replays per case", tuple(results))
+
+
+def _graph_case(run: Run, case: ShapeCase, dtype: str, results: list[CaseResult]) -> bool:
+    label = case.label()
+    ranks = run.inputs(case, dtype, derive_seed(run.seed, run.slot.name, dtype, label, "capture"), None)
+    seq = run.next_seq()
+    [call] = run.calls(seq, GRAPH_BUFFERS, case, dtype, ranks, False, run.poison(dtype, label, "capture"))
+    [reply] = run.group.exchange([Capture(call, run.options.graph_backend)], seq)
+    if isinstance(reply, BackendFailed):
+        raise InfrastructureError(f"graph backend {run.options.graph_backend} failed: {one_line(reply.detail)}")
+    if not isinstance(reply, Captured):
+        reason = one_line(reply.reason) if isinstance(reply, Raised) else "no capture"
+        result = case_result(Stage.GRAPH, dtype, case, 0, Judgement([f"capture raised: {reason}"]))
+        results.append(result)
+        run.emit(result)
+        return False
+    for replay in range(1, run.options.graph_replays + 1):
+        seed = derive_seed(run.seed, run.slot.name, dtype, label, "replay", replay)
+        ranks = [refresh_dynamic(run.slot, ranks[0], run.inputs(case, dtype, seed, None)[0])]
+        seq = run.next_seq()
+        dynamic = {n: ranks[0][n] for n in run.slot.graph_dynamic}
+        poison = run.poison(dtype, label, "replay", replay)
+        message = Replay(seq, GRAPH_BUFFERS, channel.tensors_to_wire(dynamic), poison)
+        replies = run.group.exchange([message], seq)
+        result = case_result(Stage.GRAPH, dtype, case, replay, run.judge(case, dtype, ranks, replies))
+        results.append(result)
+        run.emit(result)
+        if not result.ok:
+            return False
+    return True
+
+
+def stability(run: Run, plan: StabilityPlan) -> StageResult:
+    """Many calls, interleaved across buffer sets in random order; the planned subset is judged.
+    Stops at the first judged failure unless --keep-going."""
+    sets = {s.key: s for s in plan.sets}
+    held: dict[int, list[Inputs]] = {}
+    failures: list[CaseResult] = []
+    made = checked = 0
+    for call in plan.calls:
+        spec = sets[call.key]
+        stats = draw_statistics(run.slot, random.Random(call.seed))
+        dynamic = frozenset(run.slot.graph_dynamic) if call.refill else None
+        fresh = run.inputs(spec.case, spec.dtype, call.seed, stats, dynamic)
+        ranks = [refresh_dynamic(run.slot, held[call.key][r], fresh[r]) for r in range(run.world)] \
+            if call.refill else fresh
+        held[call.key] = ranks
+        seq = run.next_seq()
+        poison = draw_poison(random.Random(call.seed ^ 0x5EED))
+        replies = run.group.exchange(
+            run.calls(seq, STABILITY_BUFFERS + call.key, spec.case, spec.dtype, ranks, call.refill, poison), seq)
+        made += 1
+        if not call.checked:
+            continue
+        checked += 1
+        verdict = run.judge(spec.case, spec.dtype, ranks, replies)
+        if not verdict.ok:
+            note = f"call {made} of {len(plan.calls)}"
+            result = case_result(Stage.STABILITY, spec.dtype, spec.case, made, verdict, note)
+            failures.append(result)
+            run.emit(result)
+            if not run.options.keep_going:
+                return StageResult(Stage.STABILITY, tuple(failures), stopped=True, calls=made, checked=checked)
+    return StageResult(Stage.STABILITY, tuple(failures), calls=made, checked=checked)

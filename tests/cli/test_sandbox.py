@@ -1,0 +1,249 @@
+"""The sandbox is the guard: each escape a candidate tries fails under bubblewrap with a clean FAIL,
+and the same bundle shows the escape working with ``--confinement none`` (the negative control).
+
+The escapes need ``os``/``socket``, which the scan refuses, so these tests call ``verify_bundle``
+directly (the scan bypassed on purpose) to reach the sandbox itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sqlite3
+import stat
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cacheon.bundle.digest import bundle_digest
+from cacheon.bundle.manifest import load_manifest
+from cacheon.verify.plan import Confinement, VerifyOptions
+from cacheon.verify.report import VerifyReport
+from cacheon.verify.runner import verify_bundle
+from tests.conftest import EXAMPLES, assert_verdict, write_bundle
+
+CONFINED, UNCONFINED = Confinement.BUBBLEWRAP, Confinement.NONE
+KERNEL = """
+
+def silu_and_mul(x, out):
+    d = x.shape[-1] // 2
+    out.copy_(torch.nn.functional.silu(x[..., :d].float()) * x[..., d:].float())
+"""
+
+
+def run(tmp_path: Path, name: str, escape: str, confinement: Confinement) -> VerifyReport:
+    """A faithful kernel whose module first tries ``escape`` at import."""
+    root = write_bundle(tmp_path / f"{name}-{confinement.value}", "activation.silu_and_mul", "silu_and_mul",
+                        "import os\nimport sys\nimport torch\n" + textwrap.dedent(escape) + KERNEL)
+    options = VerifyOptions(dtypes=("float32",), stability_calls=10, confinement=confinement, timeout=60)
+    return verify_bundle(root, load_manifest(root), bundle_digest(root), options)
+
+
+def failed_cleanly(report: VerifyReport, text: str) -> None:
+    assert report.verdict == "FAIL", report.reason
+    assert text in report.reason, report.reason
+    assert "Traceback" not in report.reason and "\n" not in report.reason
+
+
+def test_write_a_host_file(tmp_path):
+    target = tmp_path / "host-file.txt"
+    target.write_text("original\n")
+    escape = f"with open({str(target)!r}, 'a') as fh:\n    fh.write('escaped\\n')\n"
+    failed_cleanly(run(tmp_path, "write", escape, CONFINED), "FileNotFoundError")
+    assert target.read_text() == "original\n"
+    assert run(tmp_path, "write", escape, UNCONFINED).verdict == "NUMERICAL_PASS"  # negative control
+    assert target.read_text() == "original\nescaped\n"
+
+
+def test_read_a_host_file(tmp_path):
+    ledger = tmp_path / "ledger.sqlite3"
+    secret = uuid.uuid4().hex
+    with contextlib.closing(sqlite3.connect(ledger)) as db, db:
+        db.execute("CREATE TABLE records(details TEXT)")
+        db.execute("INSERT INTO records VALUES (?)", (secret,))
+    escape = f"data = open({str(ledger)!r}, 'rb').read()\nprint('LEAKED', data[-4000:], flush=True)\n"
+    report = run(tmp_path, "read", escape, CONFINED)
+    failed_cleanly(report, "FileNotFoundError")
+    assert secret not in report.ops[0].candidate_output
+    leaked = run(tmp_path, "read", escape, UNCONFINED)  # negative control
+    assert leaked.verdict == "NUMERICAL_PASS" and secret in leaked.ops[0].candidate_output
+
+
+def test_connect_to_a_loopback_server(tmp_path):
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(2)
+    port = server.getsockname()[1]
+    escape = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=5).sendall(b'hi')\n"
+    try:
+        failed_cleanly(run(tmp_path, "net", escape, CONFINED), "ConnectionRefusedError")
+        with pytest.raises(TimeoutError):
+            server.accept()
+        assert run(tmp_path, "net", escape, UNCONFINED).verdict == "NUMERICAL_PASS"  # negative control
+        conn, _ = server.accept()
+        conn.close()
+    finally:
+        server.close()
+
+
+def _processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if entry.isdigit() and marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+    return found
+
+
+def test_leave_a_process_behind(tmp_path):
+    marker = f"cacheon-orphan-{uuid.uuid4().hex}"
+    escape = f"""
+        pid = os.fork()
+        if pid == 0:
+            os.setsid()
+            if os.fork():
+                os._exit(0)
+            os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(120)", {marker!r}])
+        os.waitpid(pid, 0)
+    """
+    report = run(tmp_path, "orphan", escape, CONFINED)
+    failed_cleanly(report, "left 1 process(es) running in the sandbox")
+    assert _processes_with(marker) == []  # it died with the sandbox
+    assert run(tmp_path, "orphan", escape, UNCONFINED).verdict == "NUMERICAL_PASS"  # negative control
+    survivors = _processes_with(marker)
+    try:
+        assert len(survivors) == 1
+    finally:
+        for pid in survivors:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_exhaust_processes(tmp_path):
+    """300 processes at once: more than the sandbox's limit (256 processes and threads)."""
+    escape = """
+        for _ in range(300):
+            if os.fork() == 0:
+                import time
+                time.sleep(3)
+                os._exit(0)
+        print("forked 300", flush=True)
+    """
+    failed_cleanly(run(tmp_path, "nproc", escape, CONFINED), "BlockingIOError")
+    control = run(tmp_path, "nproc", escape, UNCONFINED)  # negative control: nothing stops the 300
+    assert control.verdict == "NUMERICAL_PASS" and "forked 300" in control.ops[0].candidate_output
+
+
+def test_a_fork_bomb_is_bounded_and_ends_in_a_clean_fail(tmp_path):
+    """Every process forks until the limit says no; the run still ends, promptly, in a FAIL."""
+    escape = "while True:\n    os.fork()\n"
+    failed_cleanly(run(tmp_path, "bomb", escape, CONFINED), "BlockingIOError")
+
+
+def test_nothing_of_the_host_is_visible(tmp_path):
+    """The checkout, the host's /tmp and the real bundle are absent; home holds at most the path down
+    to the interpreter's prefix; every mount is read-only; the uid is unprivileged."""
+    checkout = Path(__file__).resolve().parents[2]
+    probe = f"""
+        home = {str(Path.home())!r}
+        seen = [p for p in ({str(checkout)!r}, {str(tmp_path)!r}, "/work", "/etc/passwd") if os.path.exists(p)]
+        listed = sorted(os.listdir(home)) if os.path.isdir(home) else []
+        writable = [p for p in ("/cacheon/bundle", "/cacheon/lib/cacheon", sys.prefix, "/usr/lib") if os.access(p, os.W_OK)]
+        print("SEEN", seen, "HOME", listed, "WRITABLE", writable, "UID", os.getuid(), "CWD", os.getcwd(), flush=True)
+    """
+    report = run(tmp_path, "probe", probe, CONFINED)
+    output = report.ops[0].candidate_output
+    home = Path.home()
+    prefix = Path(os.path.realpath(sys.base_prefix))
+    allowed = [prefix.relative_to(home).parts[0]] if prefix.is_relative_to(home) else []
+    assert f"SEEN [] HOME {allowed} WRITABLE [] UID 65534 CWD /tmp" in output, output
+
+
+def _cli_env_without_bwrap(tmp_path: Path, fake: str | None = None) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if fake is not None:
+        script = bin_dir / "bwrap"
+        script.write_text(fake)
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return {"PATH": str(bin_dir)}
+
+
+def test_verify_refuses_without_bubblewrap_unless_told(cli, tmp_path):
+    env = _cli_env_without_bwrap(tmp_path)
+    refused = cli("verify", str(EXAMPLES / "silu-torch"), env=env)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert "bubblewrap (bwrap) is not installed" in refused.stderr and "apt-get install bubblewrap" in refused.stderr
+    assert "--confinement none" in refused.stderr
+    ran = cli("verify", str(EXAMPLES / "silu-torch"), "--dtype", "float32", "--confinement", "none", "--json", env=env)
+    assert ran.returncode == 0, ran.stderr
+    report = json.loads(ran.stdout)
+    assert report["confinement"] == "none" and report["ops"][0]["confinement"]["confinement"] == "none"
+
+
+def test_a_bubblewrap_that_cannot_create_namespaces_is_named(cli, tmp_path):
+    env = _cli_env_without_bwrap(tmp_path, "#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\n"
+                                           "exit 1\n")
+    env["PATH"] += ":/usr/bin:/bin"
+    refused = cli("verify", str(EXAMPLES / "silu-torch"), env=env)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "No permissions to creating new namespace" in refused.stderr and "apt-get install bubblewrap" in refused.stderr
+
+
+def test_unconfined_evidence_is_marked_and_never_counts(cli, tmp_path):
+    env = {"CACHEON_LEDGER": str(tmp_path / "ledger.sqlite3")}
+    faithful = cli("verify", str(EXAMPLES / "rmsnorm-torch"), "--dtype", "float32", "--confinement", "none",
+                   "--record", "--control", "faithful", env=env)
+    broken = cli("verify", str(EXAMPLES / "rmsnorm-broken-no-norm"), "--dtype", "float32", "--record",
+                 "--control", "broken", env=env)
+    assert (faithful.returncode, broken.returncode) == (0, 2), faithful.stderr + broken.stderr
+    assert "confinement: none" in faithful.stdout
+    records = json.loads(cli("evidence", "list", "--json", env=env).stdout)
+    shown = {r["details"]["control"]: r["details"]["confinement"] for r in records["records"]}
+    assert shown == {"faithful": "none", "broken": "bubblewrap"}
+    [identity] = json.loads(cli("pin", "status", "--json", env=env).stdout)["identities"]
+    gate = {g["key"]: g for g in identity["gates"]}["negative-controls"]
+    assert gate["status"] == "missing" and "no faithful bundle passing" in gate["reason"], gate
+
+
+def test_candidate_text_is_escaped_and_tracebacks_need_debug(cli, tmp_path):
+    root = write_bundle(tmp_path, "activation.silu_and_mul", "silu_and_mul", textwrap.dedent("""
+        print("\\x1b[2J\\x1b[31mPASS\\r", flush=True)
+
+
+        def silu_and_mul(x, out):
+            raise ValueError("\\x1b]0;owned\\x07 \\u202egnp.txe")
+    """))
+    result = cli("verify", str(root))
+    assert_verdict(result, 2, "FAIL", "entry raised: ValueError: \\x1b]0;owned\\x07 \\u202egnp.txe")
+    assert "\x1b" not in result.stdout and "\u202e" not in result.stdout and "\r" not in result.stdout
+    assert "\\x1b[2J\\x1b[31mPASS\\x0d" in result.stdout  # the candidate's output, shown escaped
+    raising = write_bundle(tmp_path / "import", "activation.silu_and_mul", "silu_and_mul",
+                           "raise RuntimeError('boom at import')\n\n\ndef silu_and_mul(x, out):\n    pass\n")
+    plain = cli("verify", str(raising))
+    assert_verdict(plain, 2, "FAIL", "candidate import_error: RuntimeError: boom at import")
+    assert "Traceback" not in plain.stdout
+    debug = cli("verify", str(raising), "--debug")
+    assert debug.returncode == 2 and "Traceback (most recent call last)" in debug.stdout
+    assert "Traceback" not in cli("verify", str(raising), "--json").stdout
+    assert "Traceback" in json.loads(cli("verify", str(raising), "--json", "--debug").stdout)["ops"][0]["detail"]
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("raise SystemExit(0)\n\n\ndef silu_and_mul(x, out):\n    pass\n", "candidate import_error: SystemExit: 0"),
+        ("raise KeyboardInterrupt\n\n\ndef silu_and_mul(x, out):\n    pass\n",
+         "candidate import_error: KeyboardInterrupt"),
+        ("def silu_and_mul(x, out):\n    raise KeyboardInterrupt\n", "entry raised: KeyboardInterrupt"),
+        ("def silu_and_mul(x, out):\n    raise GeneratorExit('x')\n", "entry raised: GeneratorExit: x"),
+    ],
+)
+def test_any_base_exception_is_a_one_line_fail(cli, tmp_path, body, reason):
+    root = write_bundle(tmp_path, "activation.silu_and_mul", "silu_and_mul", body)
+    assert_verdict(cli("verify", str(root)), 2, "FAIL", reason)
