@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CACHEON := $(VENV)/bin/cacheon
 STAMP := $(VENV)/.cacheon-setup
 
-.PHONY: setup run test lint clean
+.PHONY: setup engines run test lint clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,11 @@ $(STAMP): pyproject.toml Makefile scripts/install_sglang_pin.sh scripts/install_
 	VENV=$(VENV) scripts/install_chain_pin.sh
 	touch $(STAMP)
 
+# One server venv per SGLang release that serves on this CPU (tests/engines): CPU torch, the release
+# --no-deps plus its frozen import closure, named stand-ins. Idempotent: well under a second when current.
+engines: setup
+	$(PY) scripts/install_sglang_servers.py
+
 run: setup
 	$(CACHEON) slots
 	@echo; echo "== scan: a faithful bundle, then one that shells out (exit 2 expected)"
@@ -39,12 +44,13 @@ run: setup
 	$(CACHEON) demo
 
 # Two workers: most tests drive the real CLI and candidate child processes, which are CPU-bound.
-test: setup
+# loadgroup: the real-server tier (tests/engines) stays on one worker, sharing its servers.
+test: setup engines
 	$(VENV)/bin/ruff check src tests scripts benchmarks
-	$(VENV)/bin/pytest -n 2
+	$(VENV)/bin/pytest -n 2 --dist loadgroup
 
 lint: setup
 	$(VENV)/bin/ruff check src tests scripts benchmarks
 
 clean:
-	rm -rf $(VENV) .sglang .chain .sglang-pin-ready build src/*.egg-info
+	rm -rf $(VENV) .sglang .chain .engines .sglang-pin-ready build src/*.egg-info
