@@ -167,6 +167,35 @@ for name in sys.argv[1:]:
 """
 
 
+# From 0.5.18 SGLang hashes KV blocks in a C++ extension it compiles on first use (torch
+# cpp_extension, g++, ninja, OpenSSL). Built here, into the venv's own directory, so a missing
+# compiler fails the install with a clear message instead of a server's first request.
+_NATIVE_HASH = (
+    "from sglang.srt.mem_cache.cpp_utils.native_hash import _load_native_hash_module as load; "
+    "from array import array; "
+    "print(load().get_hash(array('I', [1, 2]), 2, 1, False, None, 1)[0])"
+)
+
+
+def ensure_native_hash(target: Path) -> None:
+    python = target / "bin" / "python"
+    site = next((target / "lib").glob("python3*/site-packages"))
+    if not (site / "sglang" / "srt" / "mem_cache" / "cpp_utils" / "native_hash.py").is_file():
+        return  # this release hashes in Python
+    extensions = target / "torch_extensions"
+    if list(extensions.glob("*/*.so")):
+        return
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions)}
+    started = time.monotonic()
+    done = subprocess.run([str(python), "-W", "ignore", "-c", _NATIVE_HASH], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise InstallError(
+            "SGLang's native hash extension (mem_cache/cpp_utils/hash_binding.cpp) does not build here; "
+            f"it needs g++, ninja and the OpenSSL headers (apt: g++ ninja-build libssl-dev):\n{done.stderr[-2000:]}"
+        )
+    print(f"{target.name}: built the native hash extension in {time.monotonic() - started:.0f} s", flush=True)
+
+
 def current(target: Path, table: dict, release: str) -> bool:
     try:
         stamp = json.loads((target / STAMP).read_text(encoding="utf-8"))
@@ -197,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.relock:
                 relock(release, table)
             if current(target, table, release):
+                if not args.check:
+                    ensure_native_hash(target)
                 print(f"sglang {release}: server venv current in {target}")
                 continue
             if args.check:
@@ -206,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sglang {release}: installing a server venv into {target} ...", flush=True)
             started = time.monotonic()
             install(release, target, table)
+            ensure_native_hash(target)
             print(f"sglang {release}: ready in {time.monotonic() - started:.0f} s", flush=True)
         except InstallError as exc:
             print(f"install_sglang_servers: {exc}", file=sys.stderr)

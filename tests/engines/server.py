@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -51,6 +50,10 @@ def venv_python(release: str) -> Path:
     return ENGINES_DIR / release / "bin" / "python"
 
 
+def extensions_dir(release: str) -> Path:
+    return ENGINES_DIR / release / "torch_extensions"
+
+
 def missing_prerequisite(release: str) -> str | None:
     """Why a server for ``release`` cannot start here, or None."""
     python = venv_python(release)
@@ -62,15 +65,13 @@ def missing_prerequisite(release: str) -> str | None:
 
 
 def free_port() -> int:
-    """A free port low enough for SGLang's derived ports (it adds 10000 for gRPC and rejects > 65535)."""
-    rng = random.Random()
+    """A port the kernel hands out as free, low enough for SGLang's derived ports (it adds 10000 for
+    its gRPC port and rejects anything above 65535)."""
     while True:
-        port = rng.randrange(20000, 45000)
         with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port <= 55000:
             return port
 
 
@@ -307,7 +308,9 @@ def start_server(spec: EngineSpec, workdir: Path, ctx: zmq.Context, model: dict[
     feed = KvFeed(ctx, kv_endpoint, subscriber_binds=not facts["kv_events_bind_field"])
     receipts = workdir / "receipts"
     receipts.mkdir(parents=True, exist_ok=True)
-    env = {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONUNBUFFERED": "1"}
+    # Each venv builds SGLang's native hash extension into its own directory: releases share the
+    # extension's name, so a shared torch_extensions directory rebuilds it whenever they alternate.
+    env = {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONUNBUFFERED": "1", "TORCH_EXTENSIONS_DIR": str(extensions_dir(spec.release))}
     if facts["allocator_triton_only"] and spec.page_size > 1:
         env["TRITON_INTERPRET"] = "1"
     if spec.bundle is not None:
@@ -317,6 +320,8 @@ def start_server(spec: EngineSpec, workdir: Path, ctx: zmq.Context, model: dict[
         "--model-path", model["path"],
         "--device", "cpu",
         "--attention-backend", "torch_native",
+        # dtype "auto" serves a float32 checkpoint as float16; float32 keeps a faithful fp32 kernel exact.
+        "--dtype", "float32",
         "--host", "127.0.0.1",
         "--port", str(port),
         "--page-size", str(spec.page_size),
@@ -355,8 +360,13 @@ def _wait_healthy(server: EngineServer, started: float) -> None:
             raise RuntimeError(f"{server.spec.label} not healthy after {BOOT_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
         try:
             with urllib.request.urlopen(server.url + "/health", timeout=5) as response:
-                if response.status == 200:
-                    return
+                healthy = response.status == 200
         except (urllib.error.URLError, OSError):
-            pass
+            healthy = False
+        if healthy:
+            # A port race with another process would have us talk to a stranger: make sure it is ours.
+            info = server.get("/server_info")
+            if info.get("model_path") != server.model["path"] or info.get("version") != server.spec.release:
+                raise RuntimeError(f"{server.url} answers, but not as {server.spec.label}: {info.get('model_path')}")
+            return
         time.sleep(0.5)
