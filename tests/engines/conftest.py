@@ -9,9 +9,12 @@ unless ``CACHEON_REQUIRE_ENGINES=1`` (CI sets it): then it fails, never skips.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import tempfile
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,7 @@ import pytest
 import zmq
 
 from tests.engines.server import (
+    ENGINES_DIR,
     REQUIRE_ENV,
     EngineServer,
     EngineSpec,
@@ -30,6 +34,8 @@ from tests.engines.server import (
 )
 
 MAX_LIVE = 2  # the etiquette's limit on real servers at once
+SUMMARY = ENGINES_DIR / "last-session.json"
+_STARTED = pytest.StashKey[float]()
 
 
 class EnginePool:
@@ -90,6 +96,9 @@ def engine_pool() -> Iterator[EnginePool]:
         yield _POOL
     finally:
         _POOL.close()
+        with contextlib.suppress(OSError):
+            SUMMARY.parent.mkdir(parents=True, exist_ok=True)
+            SUMMARY.write_text(json.dumps(_POOL.starts))
         if not os.environ.get("CACHEON_KEEP_ENGINE_LOGS"):
             shutil.rmtree(root, ignore_errors=True)
 
@@ -109,19 +118,28 @@ def serve(pool: EnginePool, spec: EngineSpec) -> EngineServer:
     return pool.get(spec)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every engine test on one xdist worker: its servers are shared through one session pool."""
+    config.stash[_STARTED] = time.time()  # (a conftest below the root is loaded after sessionstart)
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.xdist_group("engines"))
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _POOL is None or not _POOL.starts:
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Start-up and memory of every server this run started (under xdist the pool lives in a worker,
+    which leaves them in SUMMARY for the controller)."""
+    try:
+        if SUMMARY.stat().st_mtime < config.stash.get(_STARTED, 0):
+            return
+        starts = json.loads(SUMMARY.read_text())
+    except (OSError, ValueError):
+        return
+    if not starts:
         return
     terminalreporter.section("real SGLang servers (CPU)")
-    for start in _POOL.starts:
+    for start in starts:
         terminalreporter.write_line(
             f"{start['server']:<42} start-up {start['startup_s']:5.1f} s   RSS {start['rss_mib'] / 1024:4.2f} GiB"
         )
