@@ -44,10 +44,10 @@ run: setup
 	$(CACHEON) demo
 
 # Two workers: most tests drive the real CLI and candidate child processes, which are CPU-bound.
-# loadgroup: the real-server tier (tests/engines) stays on one worker, sharing its servers.
+# The real-server tier (tests/engines) stays on one worker, sharing its servers (tests/conftest.py).
 test: setup engines
 	$(VENV)/bin/ruff check src tests scripts benchmarks
-	$(VENV)/bin/pytest -n 2 --dist loadgroup
+	$(VENV)/bin/pytest -n 2
 
 lint: setup
 	$(VENV)/bin/ruff check src tests scripts benchmarks

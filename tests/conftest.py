@@ -48,3 +48,22 @@ def assert_verdict(result: subprocess.CompletedProcess, code: int, verdict: str,
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's ``load``, except that tests/engines runs on one worker (its tests share real servers)."""
+    from tests.engines.scheduling import EnginesOnOneWorker
+
+    return EnginesOnOneWorker(config, log)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    from tests.engines.scheduling import mark_session_start
+
+    mark_session_start(session.config)
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    from tests.engines.scheduling import summarize
+
+    summarize(terminalreporter, config)

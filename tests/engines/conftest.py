@@ -3,7 +3,7 @@
 Servers are expensive (~2 GiB and tens of seconds each on 2 cores), so one pool per session starts
 each configuration once and keeps at most ``MAX_LIVE`` running, stopping the least recently used
 one when another is needed; tests are grouped by server (module-scoped parametrised fixtures) and
-all run on one xdist worker (``xdist_group``). A missing server venv skips the tier with the reason,
+all run on one xdist worker (tests/engines/scheduling.py). A missing server venv skips the tier with the reason,
 unless ``CACHEON_REQUIRE_ENGINES=1`` (CI sets it): then it fails, never skips.
 """
 
@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +22,8 @@ from typing import Any
 import pytest
 import zmq
 
+from tests.engines.scheduling import SUMMARY
 from tests.engines.server import (
-    ENGINES_DIR,
     REQUIRE_ENV,
     EngineServer,
     EngineSpec,
@@ -34,8 +33,6 @@ from tests.engines.server import (
 )
 
 MAX_LIVE = 2  # the etiquette's limit on real servers at once
-SUMMARY = ENGINES_DIR / "last-session.json"
-_STARTED = pytest.StashKey[float]()
 
 
 class EnginePool:
@@ -116,30 +113,3 @@ def require_release(release: str) -> None:
 def serve(pool: EnginePool, spec: EngineSpec) -> EngineServer:
     require_release(spec.release)
     return pool.get(spec)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every engine test on one xdist worker: its servers are shared through one session pool."""
-    config.stash[_STARTED] = time.time()  # (a conftest below the root is loaded after sessionstart)
-    here = Path(__file__).parent
-    for item in items:
-        if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.xdist_group("engines"))
-
-
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """Start-up and memory of every server this run started (under xdist the pool lives in a worker,
-    which leaves them in SUMMARY for the controller)."""
-    try:
-        if SUMMARY.stat().st_mtime < config.stash.get(_STARTED, 0):
-            return
-        starts = json.loads(SUMMARY.read_text())
-    except (OSError, ValueError):
-        return
-    if not starts:
-        return
-    terminalreporter.section("real SGLang servers (CPU)")
-    for start in starts:
-        terminalreporter.write_line(
-            f"{start['server']:<42} start-up {start['startup_s']:5.1f} s   RSS {start['rss_mib'] / 1024:4.2f} GiB"
-        )
