@@ -5,7 +5,7 @@ the ``sglang.srt.plugins`` entry point). Greedy completions on fixed prompts: th
 reproduce the unarmed token ids exactly, the broken arm must change them, and receipts must come from
 the scheduler processes (where the model runs), not only the launcher. Several prompts and enough
 tokens, because with a tiny random model one short completion can survive a wrong kernel.
-The CPU tier (tests/engines/test_seam_activation.py) and the GPU image tier
+The CPU tier (tests/engines/test_activation_seam.py) and the GPU image tier
 (tests/live/test_seam_activation_live.py) differ only in how they start a server.
 """
 

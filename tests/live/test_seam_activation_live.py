@@ -1,6 +1,6 @@
 """Live seam activation on a GPU host: the proof of tests/engines/activation_proof.py, in the worker image.
 
-The same three boots, prompts and judgement as the CPU tier (tests/engines/test_seam_activation.py,
+The same three boots, prompts and judgement as the CPU tier (tests/engines/test_activation_seam.py,
 which runs in ``make test``); only the server differs: the worker image under docker on GPUs, every
 TP rank armed through the ``sglang.srt.plugins`` entry point, and receipts required from every rank.
 

@@ -5,7 +5,8 @@ random Llama, page size 1) is booted three times: unarmed, armed with a faithful
 bundle and armed with a broken one, through the Cacheon plugin (the ``sglang.srt.plugins`` entry
 point). The outcome goes into an evidence ledger under the runtime identity of that server's venv,
 as ``cpu_serving_activation``: a CPU serving activation proof, never GPU or complete-engine evidence.
-Set ``CACHEON_ENGINE_EVIDENCE_LEDGER`` to also append the record to that ledger.
+Set ``CACHEON_ENGINE_EVIDENCE_LEDGER`` to also append the record to that ledger. (Named to run before
+test_hash_parity.py, whose first server is this module's unarmed one: the pool starts it once.)
 """
 
 from __future__ import annotations
