@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CACHEON := $(VENV)/bin/cacheon
 STAMP := $(VENV)/.cacheon-setup
 
-.PHONY: setup run test test-fast lint docs clean
+.PHONY: setup engines run test test-fast lint docs clean
 
 setup: $(STAMP)
 
@@ -14,9 +14,9 @@ setup: $(STAMP)
 # Then the real SGLang tiers: the pin (0.5.13.post1, --no-deps plus what its imports need and a
 # named torchvision stand-in), every release of the KV-event interop matrix unpacked side by side
 # under .sglang/, and the pinned Bittensor SDK in its own directory (.chain/).
-# bubblewrap (a system package): the sandbox `cacheon verify` runs candidate code in.
-$(STAMP): pyproject.toml Makefile scripts/install_sglang_pin.sh scripts/install_sglang_releases.sh scripts/install_chain_pin.sh scripts/install_bubblewrap.sh
-	scripts/install_bubblewrap.sh
+# System packages first (bubblewrap for the verify sandbox; g++, ninja, OpenSSL headers for the engine tier).
+$(STAMP): pyproject.toml Makefile scripts/install_sglang_pin.sh scripts/install_sglang_releases.sh scripts/install_chain_pin.sh scripts/install_system_packages.sh
+	scripts/install_system_packages.sh
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0 triton==3.9.0
@@ -25,6 +25,11 @@ $(STAMP): pyproject.toml Makefile scripts/install_sglang_pin.sh scripts/install_
 	PYTHON=$(PY) scripts/install_sglang_releases.sh
 	VENV=$(VENV) scripts/install_chain_pin.sh
 	touch $(STAMP)
+
+# One server venv per SGLang release that serves on this CPU (tests/engines): CPU torch, the release
+# --no-deps plus its frozen import closure, named stand-ins. Idempotent: well under a second when current.
+engines: setup
+	$(PY) scripts/install_sglang_servers.py
 
 run: setup
 	$(CACHEON) slots
@@ -41,7 +46,8 @@ run: setup
 	$(CACHEON) demo
 
 # Two workers: most tests drive the real CLI and candidate child processes, which are CPU-bound.
-test: lint
+# The real-server tier (tests/engines) stays on one worker, sharing its servers (tests/conftest.py).
+test: lint engines
 	$(VENV)/bin/pytest -n 2
 
 # The inner loop: everything but the tests marked slow (real servers, CLI and candidate processes).
@@ -59,4 +65,4 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 clean:
-	rm -rf $(VENV) .sglang .chain .sglang-pin-ready build src/*.egg-info
+	rm -rf $(VENV) .sglang .chain .engines .sglang-pin-ready build src/*.egg-info

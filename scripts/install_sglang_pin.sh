@@ -9,7 +9,8 @@
 # torchvision: SGLang imports `torchvision.io` at top level, and PyPI's torchvision does not load beside
 # a CPU torch ("operator torchvision::nms does not exist"). We install a STAND-IN instead: a tiny wheel
 # named torchvision, version 0.0.0+cacheon.standin, whose names exist so imports succeed and which
-# raises on any use. Environment capture lists it from importlib.metadata, so no record claims it.
+# raises on any use (built by scripts/standins/build_wheel.py, which the server installer shares).
+# Environment capture lists it from importlib.metadata, so no record claims it.
 #
 # Idempotent; fast (metadata check only, then one import smoke test) when everything is already there.
 # Usage: VENV=.venv scripts/install_sglang_pin.sh   (on success writes $SGLANG_PIN_READY, default .sglang-pin-ready)
@@ -94,79 +95,8 @@ EOF
 if [ -n "$MISSING" ]; then
     echo "install_sglang_pin: installing into $VENV: $(echo $MISSING | tr '\n' ' ')"
     if grep -qx torchvision <<<"$MISSING"; then
-        # Build the stand-in wheel by hand (no build backend, no network).
-        "$PY" - "$WORK" "$STANDIN_VERSION" <<'EOF'
-import base64
-import hashlib
-import sys
-import zipfile
-
-out, version = sys.argv[1], sys.argv[2]
-standin = f'''"""Cacheon import stand-in for torchvision. NOT torchvision: names resolve so imports succeed; any use raises.
-
-PyPI's torchvision does not load beside a CPU torch; SGLang and transformers import it at module level.
-"""
-
-VERSION = "{version}"
-
-
-class StandInUsed(RuntimeError):
-    """Raised when code calls into the stand-in: this environment has no real torchvision."""
-
-
-class StandIn:
-    """A placeholder for a torchvision name; calling it raises StandInUsed."""
-
-    def __init__(self, name):
-        self._name = name
-
-    def __getattr__(self, attr):
-        if attr.startswith("_"):
-            raise AttributeError(attr)
-        return StandIn(self._name + "." + attr)
-
-    def __call__(self, *args, **kwargs):
-        raise StandInUsed(self._name + ": torchvision is a Cacheon import stand-in (" + VERSION + ") here")
-
-    def __repr__(self):
-        return "<cacheon torchvision stand-in " + self._name + ">"
-
-
-def module_getattr(module):
-    def __getattr__(attr):
-        if attr.startswith("_"):
-            raise AttributeError(attr)
-        return StandIn(module + "." + attr)
-
-    return __getattr__
-'''
-shim = (
-    '"""Cacheon import stand-in (not torchvision)."""\n'
-    "from torchvision._standin import VERSION as __version__\n"
-    "from torchvision._standin import module_getattr\n\n"
-    "__getattr__ = module_getattr(__name__)\n"
-)
-dist_info = f"torchvision-{version}.dist-info"
-files = {"torchvision/_standin.py": standin}
-for mod in ("__init__", "io", "transforms/__init__", "transforms/functional", "transforms/v2/__init__",
-            "transforms/v2/functional"):
-    files[f"torchvision/{mod}.py"] = shim
-files[f"{dist_info}/METADATA"] = (
-    f"Metadata-Version: 2.1\nName: torchvision\nVersion: {version}\n"
-    "Summary: Cacheon import stand-in for torchvision (not torchvision; any use raises)\n"
-)
-files[f"{dist_info}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: cacheon\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-record = []
-path = f"{out}/torchvision-{version}-py3-none-any.whl"
-with zipfile.ZipFile(path, "w") as whl:
-    for name, text in files.items():
-        data = text.encode()
-        sha = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={sha},{len(data)}")
-        whl.writestr(name, data)
-    record.append(f"{dist_info}/RECORD,,")
-    whl.writestr(f"{dist_info}/RECORD", "\n".join(record) + "\n")
-EOF
+        # The stand-in wheel is built by the one builder every installer shares (no network).
+        "$PY" "$ROOT/scripts/standins/build_wheel.py" torchvision "$WORK" >/dev/null
         "$PY" -m pip install -q --no-deps --force-reinstall "$WORK"/torchvision-*.whl
     fi
     if grep -qx sglang <<<"$MISSING"; then

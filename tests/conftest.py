@@ -59,3 +59,22 @@ def profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from cacheon.sim.tokenizer import write_profile
 
     return write_profile(tmp_path_factory.mktemp("tok"))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's ``load``, except that tests/engines runs on one worker (its tests share real servers)."""
+    from tests.engines.scheduling import EnginesOnOneWorker
+
+    return EnginesOnOneWorker(config, log)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    from tests.engines.scheduling import mark_session_start
+
+    mark_session_start(session.config)
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    from tests.engines.scheduling import summarize
+
+    summarize(terminalreporter, config)

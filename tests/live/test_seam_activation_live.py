@@ -1,9 +1,8 @@
-"""Live seam activation: a real SGLang server in the worker image, booted three times on a GPU host.
+"""Live seam activation on a GPU host: the proof of tests/engines/activation_proof.py, in the worker image.
 
-Unarmed, with an exact bundle, with a broken bundle (``$CACHEON_BUNDLE`` arms it through the
-``sglang.srt.plugins`` entry point in every process, each TP rank included). The exact bundle must
-reproduce the unarmed greedy completion byte for byte; the broken one must change it; receipts from
-every TP rank prove the adapters fired.
+The same three boots, prompts and judgement as the CPU tier (tests/engines/test_activation_seam.py,
+which runs in ``make test``); only the server differs: the worker image under docker on GPUs, every
+TP rank armed through the ``sglang.srt.plugins`` entry point, and receipts required from every rank.
 
 Opt-in: ``CACHEON_LIVE_SERVE_TESTS=1`` with ``CACHEON_SERVE_IMAGE`` (SGLang at the pin with cacheon
 installed) and ``CACHEON_SERVE_MODEL`` (a model id, or a host directory mounted read-only at the same
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.sglang_tier import EXAMPLES
+from tests.engines import activation_proof as proof
 
 ARMED = os.environ.get("CACHEON_LIVE_SERVE_TESTS") == "1"
 pytestmark = [
@@ -35,9 +34,6 @@ pytestmark = [
     pytest.mark.skipif(not ARMED, reason="live tier: set CACHEON_LIVE_SERVE_TESTS=1 (GPU host, worker image)"),
 ]
 
-PROMPT = "The capital of France is Paris. The capital of Japan is"
-EXACT, BROKEN = "silu-torch", "silu-broken-no-silu"
-SEAM = "activation.SiluAndMul"
 
 
 @dataclass(frozen=True)
@@ -80,8 +76,9 @@ def _post(url: str, body: dict, timeout: float) -> dict:
         return json.load(response)
 
 
-def _complete(serve: Serve, bundle: str | None, receipts: Path) -> str:
-    """Boot the image (armed with ``bundle`` or not), wait for health, return one greedy completion."""
+def _boot(serve: Serve, bundle: Path | None, receipts: Path) -> list[list[int]]:
+    """Boot the image (armed with ``bundle`` or not), wait for health, return the greedy token ids of
+    every prompt."""
     port = _free_port()
     name = f"cacheon-live-{os.getpid()}-{port}"
     command = [
@@ -104,7 +101,7 @@ def _complete(serve: Serve, bundle: str | None, receipts: Path) -> str:
     if bundle is not None:
         command += [
             "-v",
-            f"{EXAMPLES / bundle}:/cacheon-bundle:ro",
+            f"{bundle}:/cacheon-bundle:ro",
             "-e",
             "CACHEON_BUNDLE=/cacheon-bundle",
             "-e",
@@ -143,32 +140,24 @@ def _complete(serve: Serve, bundle: str | None, receipts: Path) -> str:
                 logs = subprocess.run(["docker", "logs", "--tail", "60", name], capture_output=True, text=True)
                 pytest.fail(f"server ({bundle or 'unarmed'}) did not become healthy:\n{logs.stdout}{logs.stderr}")
             time.sleep(5)
-        answer = _post(
-            f"http://127.0.0.1:{port}/generate",
-            {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 32}},
-            timeout=300,
-        )
-        return answer["text"]
+        sampling = {"temperature": 0, "max_new_tokens": proof.MAX_NEW_TOKENS, "ignore_eos": True}
+        return [
+            _post(f"http://127.0.0.1:{port}/generate", {"text": text, "sampling_params": sampling}, timeout=300)[
+                "output_ids"
+            ]
+            for text in proof.PROMPTS
+        ]
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, text=True)
 
 
-def _fired(receipts: Path) -> list[dict]:
-    return [r for r in map(json.loads, (p.read_text() for p in receipts.glob("*.json"))) if r["seam"] == SEAM]
-
-
 def test_exact_bundle_reproduces_unarmed_and_broken_bundle_changes_it(serve, tmp_path):
-    dirs = {key: tmp_path / key for key in ("unarmed", "exact", "broken")}
-    for path in dirs.values():
-        path.mkdir()
-        path.chmod(0o777)  # the server may run as another user inside the image
-    unarmed = _complete(serve, None, dirs["unarmed"])
-    exact = _complete(serve, EXACT, dirs["exact"])
-    broken = _complete(serve, BROKEN, dirs["broken"])
-    assert exact == unarmed, f"exact bundle changed the completion:\n{unarmed!r}\n{exact!r}"
-    assert broken != unarmed, "the broken bundle did not change the completion: the seam did not fire"
-    assert not _fired(dirs["unarmed"])
-    for key in ("exact", "broken"):
-        fired = [r for r in _fired(dirs[key]) if r["fired"] > 0]
-        # One receipt per scheduler process that ran the layer: every TP rank.
-        assert len({r["pid"] for r in fired}) >= serve.tp, f"{key}: receipts {fired}"
+    arms = {}
+    for name, bundle in proof.ARMS.items():
+        receipts = tmp_path / name
+        receipts.mkdir()
+        receipts.chmod(0o777)  # the server may run as another user inside the image
+        outputs = _boot(serve, bundle, receipts)
+        arms[name] = proof.Arm(name, outputs, [json.loads(p.read_text()) for p in receipts.glob("*.json")])
+    verdict = proof.judge(arms, min_ranks=serve.tp)  # one receipt per scheduler process: every TP rank
+    assert verdict.passed, verdict.problems

@@ -20,6 +20,10 @@ class EvidenceClass(StrEnum):
     RELEASE_SERVE = "release_serve"  # a serving check of a verified Engine release
     RELEASE_SIGNATURE = "release_signature"  # descriptor, signature and artifact hashes only
     PROCEDURE = "procedure"  # a pin-bump step a maintainer carried out under this identity
+    # A real SGLang server on CPU (tiny random model, named stand-ins) booted unarmed, with a faithful
+    # and with a broken bundle: the seam fired in the scheduler process and changed exactly what it
+    # should. Proves activation in a live server, never GPU numerics or complete-engine qualification.
+    CPU_SERVING_ACTIVATION = "cpu_serving_activation"
 
 
 class Outcome(StrEnum):
@@ -65,6 +69,10 @@ def contract_subject(contract_id: str) -> str:
 
 def release_subject(release_digest: str) -> str:
     return f"release:{release_digest}"
+
+
+def seam_subject(seam: str) -> str:
+    return f"seam:{seam}"
 
 
 def pin_step_subject(step: str, version: str) -> str:

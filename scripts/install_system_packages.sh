@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The system packages Cacheon's real tiers need, installed only where missing (apt; sudo only when not root):
+#   bubblewrap                  the sandbox `cacheon verify` runs candidate code in (it must create namespaces)
+#   g++, ninja-build, libssl-dev  SGLang's native block-hash extension (mem_cache/cpp_utils/hash_binding.cpp),
+#                               built inside the CPU-engine tier's server venvs for releases from 0.5.18 on
+set -euo pipefail
+bwrap_works() { command -v bwrap >/dev/null 2>&1 && bwrap --unshare-all --die-with-parent --ro-bind / / true >/dev/null 2>&1; }
+
+missing=()
+bwrap_works || missing+=(bubblewrap)
+command -v g++ >/dev/null 2>&1 || missing+=(g++)
+command -v ninja >/dev/null 2>&1 || missing+=(ninja-build)
+[ -f /usr/include/openssl/sha.h ] || missing+=(libssl-dev)
+
+if [ "${#missing[@]}" -gt 0 ]; then
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "install_system_packages: no apt-get here; install ${missing[*]} with this system's package manager" >&2
+        exit 1
+    fi
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    echo "install_system_packages: installing ${missing[*]}"
+    $SUDO apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 \
+        || { $SUDO apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}" >/dev/null; }
+fi
+if ! bwrap_works; then
+    echo "install_system_packages: bwrap is installed but cannot create namespaces here (user namespaces disabled?)" >&2
+    exit 1
+fi
+echo "install_system_packages: ready ($(bwrap --version), $(g++ --version | head -n1))"
