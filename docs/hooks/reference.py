@@ -12,6 +12,10 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import msgspec
+
+from cacheon.bundle import ast_policy, surface
+from cacheon.bundle.scan import RULES
 from cacheon.cli import COMMANDS, build_parser
 from cacheon.evidence.ledger import open_verified_ledger
 from cacheon.evidence.state import state_of_record
@@ -73,6 +77,88 @@ def cli_reference() -> str:
     return "\n".join(lines)
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _type_name(t: msgspec.inspect.Type) -> str:
+    """A config type as a reader writes it, with its bounds."""
+    match t:
+        case msgspec.inspect.UnionType():
+            named = [_type_name(x) for x in t.types if not isinstance(x, msgspec.inspect.NoneType)]
+            return " or ".join(named) + (" or null" if len(named) < len(t.types) else "")
+        case msgspec.inspect.LiteralType():
+            return " \\| ".join(f"`{v}`" for v in t.values)
+        case msgspec.inspect.ListType():
+            return f"list of {_type_name(t.item_type)}"
+        case msgspec.inspect.DictType():
+            return f"map of {_type_name(t.key_type)} to {_type_name(t.value_type)}"
+        case msgspec.inspect.StructType() | msgspec.inspect.DataclassType():
+            return f"`{t.cls.__name__}`"
+        case msgspec.inspect.IntType() | msgspec.inspect.FloatType():
+            bounds = [f"{op} {v}" for op, v in (("≥", t.ge), ("≤", t.le), (">", t.gt), ("<", t.lt)) if v is not None]
+            return ("int" if isinstance(t, msgspec.inspect.IntType) else "number") + (
+                f" ({', '.join(bounds)})" if bounds else "")
+    return type(t).__name__.removesuffix("Type").lower()
+
+
+def _structs(t: msgspec.inspect.Type) -> Iterator[type]:
+    """The struct types a field's type holds (directly, in a union, a list or a map)."""
+    for sub in (t, *getattr(t, "types", ()), getattr(t, "item_type", None), getattr(t, "value_type", None)):
+        if isinstance(sub, (msgspec.inspect.StructType, msgspec.inspect.DataclassType)):
+            yield sub.cls
+
+
+def configuration_reference() -> str:
+    """Every key of the gateway's config file, from the msgspec types the file is decoded into."""
+    from cacheon.gateway.config import ENV_PREFIX, GatewayConfig
+
+    lines: list[str] = []
+    seen: set[type] = set()
+    queue: list[tuple[type, str]] = [(GatewayConfig, "")]
+    while queue:
+        cls, path = queue.pop(0)
+        if cls in seen:
+            continue
+        seen.add(cls)
+        info = msgspec.inspect.type_info(cls)
+        assert isinstance(info, (msgspec.inspect.StructType, msgspec.inspect.DataclassType))
+        lines += [f"## `{path or 'top level'}` ({cls.__name__})", "", (cls.__doc__ or "").strip(), "",
+                  "| key | type | default | environment |", "|---|---|---|---|"]
+        for field in info.fields:
+            key = f"{path}.{field.name}" if path else field.name
+            if field.required:
+                default = "*required*"
+            elif field.default is not msgspec.NODEFAULT:
+                default = f"`{msgspec.json.encode(field.default).decode()}`"
+            else:
+                default = "`[]`" if isinstance(field.type, msgspec.inspect.ListType) else "`{}`"
+            env = f"`{ENV_PREFIX}{key.upper().replace('.', '__')}`" if "[" not in key else ""
+            lines.append(f"| `{field.name}` | {_type_name(field.type)} | {default} | {env} |")
+            for sub in _structs(field.type):
+                suffix = "[]" if isinstance(field.type, msgspec.inspect.ListType) else (
+                    ".NAME" if isinstance(field.type, msgspec.inspect.DictType) else "")
+                queue.append((sub, key + suffix))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def scan_rules_reference() -> str:
+    """Every rule id the scan reports, and the exact names each family matches (from the policy itself)."""
+    lines = ["| rule | what it catches | names it matches |", "|---|---|---|"]
+    for rule, what in RULES.items():
+        names = ", ".join(f"`{p}`" for p in ast_policy.FAMILIES.get(rule, ()))
+        lines.append(f"| `{rule}` | {_cell(what)} | {names} |")
+    allowed = ", ".join(f"`{m}`" for m in sorted(ast_policy.ALLOWED_ROOTS))
+    lines += ["", f"Importable modules: {allowed}, and the bundle's own declared modules.", "",
+              "Inside `torch` and `triton`, only these modules (and, where listed, only these members):", "",
+              "| module | members |", "|---|---|"]
+    for module, members in surface.ALLOWED.items():
+        shown = "every public member" if members is None else ", ".join(f"`{m}`" for m in sorted(members))
+        lines.append(f"| `{module}`{' (and its submodules)' if module in surface.RECURSIVE else ''} | {shown} |")
+    return "\n".join(lines) + "\n"
+
+
 def state_of_record_page() -> str:
     """The committed ledger, verified first: a broken chain fails the build instead of being shown."""
     if not RECORDS.exists():
@@ -80,7 +166,12 @@ def state_of_record_page() -> str:
     return state_of_record(open_verified_ledger(RECORDS)).to_markdown()
 
 
-GENERATORS: dict[str, Callable[[], str]] = {"cli": cli_reference, "state-of-record": state_of_record_page}
+GENERATORS: dict[str, Callable[[], str]] = {
+    "cli": cli_reference,
+    "configuration": configuration_reference,
+    "scan-rules": scan_rules_reference,
+    "state-of-record": state_of_record_page,
+}
 
 
 def on_page_markdown(markdown: str, **_: object) -> str:

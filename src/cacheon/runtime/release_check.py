@@ -1,7 +1,7 @@
 """The weekly release check: is there an SGLang release newer than the pin, and does the installed one
 still pass the canary?
 
-A newer release is a warning, never an action: a bump is a reviewed rebaseline (docs/runtime-pin.md).
+A newer release is a warning, never an action: a bump is a reviewed rebaseline (docs/maintaining/runtime-pin.md).
 The installed SGLang differing from the pin, or a seam FAIL, is an error. When SGLang cannot be imported
 the release half still runs and seam coverage is reported as skipped, never claimed; an unreachable
 index is a warning, not a crash.
@@ -63,7 +63,7 @@ def release_finding(pin: str, fetch: Callable[[], str]) -> Finding:
             "warning",
             "SGLang release",
             f"sglang {latest} is out; the pin is {pin}. A bump is a reviewed rebaseline, not an update: "
-            "follow the pin-bump steps in docs/runtime-pin.md.",
+            "follow the pin-bump steps in docs/maintaining/runtime-pin.md.",
         )
     return Finding("notice", "SGLang release", f"the pin {pin} is the latest release ({latest})")
 
