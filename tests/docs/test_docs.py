@@ -4,7 +4,6 @@ is documented, and the README starts with the two commands that work on a fresh 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from cacheon.bundle.scan import RULES
 from cacheon.cli import COMMANDS
