@@ -21,7 +21,7 @@ import pytest
 
 from cacheon.bundle.admission import admit
 from cacheon.evidence.classes import EvidenceClass, Outcome, seam_subject
-from cacheon.evidence.ledger import Entry, Ledger
+from cacheon.evidence.ledger import Entry, Ledger, open_verified_ledger
 from cacheon.runtime.identity import identity_from_facts
 from cacheon.runtime.receipts import read_receipts
 from tests.engines import activation_proof as proof
@@ -123,8 +123,7 @@ def test_the_adapter_fired_in_the_scheduler_process_not_the_launcher(activation)
 
 def test_the_proof_is_recorded_as_cpu_serving_activation_under_the_server_identity(activation) -> None:
     _, _, identity, ledger_path, record_id = activation
-    with Ledger.open(ledger_path, create=False) as ledger:
-        record = ledger.record(record_id)
+    record = open_verified_ledger(ledger_path).record(record_id)
     assert record.evidence_class == "cpu_serving_activation"
     assert record.outcome == "pass"
     assert record.identity_digest == identity.digest
