@@ -42,8 +42,36 @@ def test_unknown_slot_is_a_clear_error():
 def test_dimension_expressions():
     assert eval_dim("2*d", {"d": 7}) == 14
     assert eval_dim("P+T", {"P": 3, "T": 4}) == 7
+    assert eval_dim("(T+Tpad)*K", {"T": 3, "Tpad": 5, "K": 2}) == 16
     with pytest.raises(ValueError):
         eval_dim("__import__('os')", {})
+
+
+@pytest.mark.parametrize(("expr", "want"), [("S//bs", 17), ("cdiv(S, bs)", 18), ("cdiv(P+T,bs)", 18),
+                                            ("cdiv(1024, bs)", 16), ("S//S", 1)])
+def test_floor_and_ceiling_division(expr, want):
+    assert eval_dim(expr, {"S": 1100, "bs": 64, "P": 1099, "T": 1}) == want
+
+
+@pytest.mark.parametrize("expr", [
+    "S/bs",  # true division is a float
+    "S**2", "S%bs", "-S", "S if bs else 0", "S.real", "1.5", "True", "'a'", "",
+    "cdiv(S)", "cdiv(S, bs, 1)", "cdiv(a=S, b=bs)", "cdiv(*S)", "max(S, bs)", "open(S)", "(lambda: S)()",
+])
+def test_dimension_expressions_refuse_everything_else(expr):
+    with pytest.raises(ValueError, match="unsupported dimension expression"):
+        eval_dim(expr, {"S": 1100, "bs": 64})
+
+
+@pytest.mark.parametrize(("expr", "dims", "match"), [
+    ("S//bs", {"S": 8, "bs": 0}, "divides by 0"),
+    ("cdiv(S, bs-1)", {"S": 8, "bs": 1}, "divides by 0"),
+    ("S//bs", {"S": 8, "bs": -2}, "divides by -2"),
+    ("P-T", {"P": 1, "T": 4}, "is negative"),
+])
+def test_dimension_expressions_refuse_a_bad_division_or_a_negative_size(expr, dims, match):
+    with pytest.raises(ValueError, match=match):
+        eval_dim(expr, dims)
 
 
 def test_inputs_are_deterministic_per_seed_and_differ_across_seeds():
