@@ -7,8 +7,8 @@ import torch
 
 from cacheon.contract.spec import Tolerance
 from cacheon.verify.compare import compare
-from cacheon.verify.poison import PoisonKind, fill
 from cacheon.verify.messages import Poison
+from cacheon.verify.poison import PoisonKind, fill
 
 TOL = Tolerance(atol=1e-6, rtol=1e-5, min_ratio=0.875, topk=8)
 NEG = -math.inf
