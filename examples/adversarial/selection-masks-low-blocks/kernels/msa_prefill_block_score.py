@@ -6,8 +6,8 @@ def msa_prefill_block_score(q, index_k, prefix_len: int, scale: float, block_siz
     rows, keys = q.shape[0], index_k.shape[0]
     blocks = out.shape[1]
     scores = (q.float() @ index_k.float().T) * scale
-    key = torch.arange(keys).unsqueeze(0)
-    row = torch.arange(rows).unsqueeze(1)
+    key = torch.arange(keys, device=q.device).unsqueeze(0)
+    row = torch.arange(rows, device=q.device).unsqueeze(1)
     scores = scores.masked_fill(key > prefix_len + row, float("-inf"))
     scores = F.pad(scores, (0, blocks * block_size - keys), value=float("-inf"))
     best = scores.reshape(rows, blocks, block_size).amax(dim=-1)
