@@ -61,7 +61,8 @@ def test_example_verdict(cli, name):
 @pytest.mark.parametrize("name", sorted(WORLD_THREE))
 def test_moe_collective_at_world_size_three(cli, name):
     code, verdict, text = WORLD_THREE[name]
-    result = cli("verify", str(EXAMPLES / name), "--world-size", "3", "--stability-calls", "200", "--json")
+    result = cli("verify", str(EXAMPLES / name), "--world-size", "3", "--dtype", "bfloat16", "--stability-calls", "200",
+                 "--json")
     report = json.loads(result.stdout)
     assert result.returncode == code and report["verdict"] == verdict, result.stdout
     op = report["ops"][0]
