@@ -30,12 +30,18 @@ bundles/decode-torch 0 PASS
 bundles/decode-broken-ignores-lens 2 FAIL
 bundles/moe-torch 0 PASS
 bundles/moe-broken-unweighted 2 FAIL
+bundles/msa-block-torch 0 PASS
+bundles/msa-block-broken-ignores-lens 2 FAIL
+bundles/msa-prefill-torch 0 PASS
+bundles/msa-prefill-broken-block-mean 2 FAIL
 adversarial/cache-by-pointer 2 FAIL
 adversarial/out-strides 2 FAIL
 adversarial/returns-nan 2 FAIL
 adversarial/low-precision 2 FAIL
 adversarial/forges-verdict 2 FAIL
 adversarial/graph-stale-replay 2 FAIL
+adversarial/selection-masks-low-blocks 2 FAIL
+adversarial/selection-leaves-masked-unwritten 2 FAIL
 "
 
 "$PY" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; print("device:", torch.cuda.get_device_name(0), "torch", torch.__version__)' || exit 1
@@ -45,7 +51,11 @@ if [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; the
 bundles/allreduce-torch 0 PASS
 bundles/allreduce-broken-local 2 FAIL
 bundles/ar-rmsnorm-torch 0 PASS
-bundles/ar-rmsnorm-broken-no-residual 2 FAIL"
+bundles/ar-rmsnorm-broken-no-residual 2 FAIL
+bundles/moe-reduce-torch 0 PASS
+bundles/moe-reduce-broken-local 2 FAIL
+bundles/moe-finalize-torch 0 PASS
+bundles/moe-finalize-broken-trim-stride 2 FAIL"
 else
   echo "one GPU: collective examples (nccl, one GPU per rank) skipped; the CPU suite runs them with gloo"
 fi

@@ -24,6 +24,22 @@ EXPECTED = {
     "silu-cheat-skips-rows": (2, "FAIL", "output out"),
     # Only a CUDA graph can expose it; on CPU the verdict must not claim more than numerics.
     "silu-cheat-graph-noop": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),
+    # block selections (judged by the top-8 blocks per row, masks exact) and the MoE collectives
+    "msa-block-torch": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),
+    "msa-block-broken-ignores-lens": (2, "FAIL", "finite where the reference is -inf (masked)"),
+    "msa-prefill-torch": (0, "PASS", "cases matched the float64 reference"),
+    "msa-prefill-broken-block-mean": (2, "FAIL", "picks in the reference's top-8"),
+    "moe-reduce-torch": (0, "PASS", "cases matched the float64 reference"),
+    "moe-reduce-broken-local": (2, "FAIL", "rank 0: output out: matched ratio"),
+    "moe-finalize-torch": (0, "PASS", "cases matched the float64 reference"),
+    "moe-finalize-broken-trim-stride": (2, "FAIL", "Tpad="),
+}
+#: collectives are verified at world size 2 above and at 3 here
+WORLD_THREE = {
+    "moe-reduce-torch": (0, "PASS", "cases matched the float64 reference"),
+    "moe-reduce-broken-local": (2, "FAIL", "matched ratio"),
+    "moe-finalize-torch": (0, "PASS", "cases matched the float64 reference"),
+    "moe-finalize-broken-trim-stride": (2, "FAIL", "elements outside tolerance"),
 }
 
 
@@ -40,6 +56,17 @@ def test_example_verdict(cli, name):
     # The Triton interpreter is slow on CPU: one dtype proves the path (`make run` shows two).
     dtypes = ["--dtype", "bfloat16"] if "triton" in name else []
     assert_verdict(cli("verify", str(EXAMPLES / name), *dtypes), code, verdict, text)
+
+
+@pytest.mark.parametrize("name", sorted(WORLD_THREE))
+def test_moe_collective_at_world_size_three(cli, name):
+    code, verdict, text = WORLD_THREE[name]
+    result = cli("verify", str(EXAMPLES / name), "--world-size", "3", "--dtype", "bfloat16", "--stability-calls", "200",
+                 "--json")
+    report = json.loads(result.stdout)
+    assert result.returncode == code and report["verdict"] == verdict, result.stdout
+    op = report["ops"][0]
+    assert text in op["reason"] and op["confinement"]["world_size"] == "3"
 
 
 def test_caching_cheat_passes_its_first_trial_and_fails_the_refill(cli):

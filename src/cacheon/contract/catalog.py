@@ -268,6 +268,169 @@ AR_RESIDUAL_RMSNORM = SlotSpec(
     summary="s = Σ_ranks x + residual; out_residual = s; out_norm = rmsnorm(s) * weight",
 )
 
+MOE_FUSED_EXPERTS_REDUCE = SlotSpec(
+    name="moe.fused_experts_reduce",
+    kind="collective",
+    entry="fused_experts_reduce",
+    args=("x", "topk_ids", "topk_weights", "prepared", "out", "group"),
+    inputs=(
+        TensorSpec("x", ("T", "H")),
+        # each rank's shard of every expert (tensor parallel: I is the per-rank intermediate size)
+        TensorSpec("w13", ("E", "2*I", "H"), init="fan_in", per_rank=True),
+        TensorSpec("w2", ("E", "H", "I"), init="fan_in", per_rank=True),
+        TensorSpec("topk_ids", ("T", "K"), dtype="int32", init="topk_ids"),
+        TensorSpec("topk_weights", ("T", "K"), dtype="float32", init="topk_weights"),
+    ),
+    outputs=(TensorSpec("out", ("T", "H")),),
+    scalars=_no_scalars,
+    scalar_names=(),
+    reference=references.fused_experts_reduce,
+    reference_id="cacheon.contract.references.fused_experts_reduce@float64",
+    comparator=_MOE,
+    dtypes=("float32", "bfloat16"),
+    shapes=(
+        ShapeCase({"T": 1, "E": 8, "K": 2, "H": 128, "I": 64}),
+        ShapeCase({"T": 7, "E": 8, "K": 2, "H": 512, "I": 128}),
+        ShapeCase({"T": 64, "E": 16, "K": 4, "H": 256, "I": 96}),
+    ),
+    token_dim="T",
+    graph_dynamic=("x", "topk_ids", "topk_weights"),
+    graph_safe=False,
+    serving_tokens=2048,
+    summary="out = Σ_ranks Σ_k w_tk · W2_r[e](silu(g) ⊙ u), [g; u] = W13_r[e] x_t over each rank's expert shard, "
+    "then the all-reduce the kernel owns; x and routing replicated; prepare(w13, w2) once per rank, on its shard",
+    prepare_inputs=("w13", "w2"),
+)
+
+# The finalize sums K scaled rows per rank, then ranks' partials travel in the run dtype: each is rounded
+# before the sum, and a ring all-reduce rounds at every hop (at world size 3 a bf16 ring reaches 1.3x
+# the plain collective bound; this one keeps it at 0.66x, and a wrong row map is off by O(1)).
+_MOE_FINALIZE = Comparator(
+    "allclose",
+    {
+        "float32": Tolerance(atol=2e-5, rtol=2e-5),
+        "bfloat16": Tolerance(atol=3.2e-2, rtol=3.2e-2),
+    },
+)
+
+MOE_FINALIZE_AR_RMSNORM = SlotSpec(
+    name="collective.moe_finalize_ar_rmsnorm",
+    kind="collective",
+    entry="moe_finalize_ar_rmsnorm",
+    args=("gemm_out", "row_map", "scales", "residual", "weight", "eps", "out_norm", "out_residual", "group"),
+    inputs=(
+        # T_exp = T + Tpad expanded tokens (CUDA-graph padding): only the first T are finalized
+        TensorSpec("gemm_out", ("(T+Tpad)*K", "H"), per_rank=True),
+        TensorSpec("row_map", ("(T+Tpad)*K",), dtype="int32", init="row_map"),
+        TensorSpec("scales", ("T+Tpad", "K"), dtype="float32", init="topk_weights"),
+        TensorSpec("residual", ("T", "H")),
+        TensorSpec("weight", ("H",), init="near_one"),
+    ),
+    outputs=(TensorSpec("out_norm", ("T", "H")), TensorSpec("out_residual", ("T", "H"))),
+    scalars=_rmsnorm_scalars,
+    scalar_names=("eps",),
+    reference=references.moe_finalize_ar_rmsnorm,
+    reference_id="cacheon.contract.references.moe_finalize_ar_rmsnorm@float64",
+    comparator=_MOE_FINALIZE,
+    dtypes=("float32", "bfloat16"),
+    shapes=(
+        ShapeCase({"T": 1, "Tpad": 7, "K": 2, "H": 1024}),
+        ShapeCase({"T": 7, "Tpad": 0, "K": 4, "H": 2880}),
+        ShapeCase({"T": 33, "Tpad": 15, "K": 8, "H": 256}),
+        ShapeCase({"T": 100, "Tpad": 28, "K": 4, "H": 512}),
+    ),
+    token_dim="T",
+    graph_dynamic=("gemm_out", "row_map", "scales", "residual"),
+    graph_safe=False,
+    serving_tokens=8192,
+    summary="f_r[t] = Σ_k scales[t, k] · gemm_out_r[row_map[t + k·T_exp]] for t < T (T_exp = T + Tpad, K-major); "
+    "s = Σ_ranks f_r + residual; out_residual = s; out_norm = rmsnorm(s) * weight",
+)
+
+# Block selection: the output only feeds a top-k, so it is judged as a selection (verify/selection.py):
+# -inf is a masked cell and must match the reference's exactly; then the worst row's share of the
+# reference's top-8 blocks picked, where a pick within atol + rtol·(the row's largest |score|) of the
+# reference's 8th best counts (ties and rounding-level near-ties cannot decide a verdict).
+SELECTION_TOPK = 8
+_SELECTION = Comparator(
+    "topk_overlap",
+    {
+        "float32": Tolerance(atol=1e-6, rtol=1e-5, min_ratio=0.875, topk=SELECTION_TOPK),
+        "bfloat16": Tolerance(atol=1e-6, rtol=1e-2, min_ratio=0.875, topk=SELECTION_TOPK),
+        "float16": Tolerance(atol=1e-6, rtol=2e-3, min_ratio=0.875, topk=SELECTION_TOPK),
+    },
+)
+
+
+def _msa_scalars(case: ShapeCase) -> dict[str, Any]:
+    return {"block_size": case.dims["bs"]}
+
+
+def _msa_prefill_scalars(case: ShapeCase) -> dict[str, Any]:
+    return {"prefix_len": case.dims["P"], "scale": 1.0 / math.sqrt(case.dims["D"]), "block_size": case.dims["bs"]}
+
+
+# Every shape keeps at least 2 × SELECTION_TOPK blocks per row at any token count (tests/unit/test_catalog.py):
+# with 8 blocks or fewer any output would select them all.
+ATTENTION_MSA_BLOCK_SCORE = SlotSpec(
+    name="attention.msa_block_score",
+    kind="block",
+    entry="msa_block_score",
+    args=("q", "index_k", "seq_lens", "block_size", "out"),
+    inputs=(
+        TensorSpec("q", ("B", "Hq", "D")),
+        TensorSpec("index_k", ("B", "S", "1", "D")),
+        TensorSpec("seq_lens", ("B",), dtype="int32", init="key_lens"),
+    ),
+    outputs=(TensorSpec("out", ("B", "S//bs"), dtype="float32"),),
+    scalars=_msa_scalars,
+    scalar_names=("block_size",),
+    reference=references.msa_block_score,
+    reference_id="cacheon.contract.references.msa_block_score@float64",
+    comparator=_SELECTION,
+    dtypes=FLOAT_DTYPES,
+    shapes=(
+        ShapeCase({"B": 1, "Hq": 16, "D": 128, "S": 1024, "bs": 64}),
+        ShapeCase({"B": 4, "Hq": 8, "D": 64, "S": 300, "bs": 16}),
+        ShapeCase({"B": 13, "Hq": 4, "D": 128, "S": 1100, "bs": 64}),
+        ShapeCase({"B": 7, "Hq": 16, "D": 64, "S": 2048, "bs": 32}),
+    ),
+    token_dim="B",
+    graph_dynamic=("q", "index_k", "seq_lens"),
+    graph_safe=True,
+    serving_tokens=256,
+    summary="s[b, n] = (Σ_h q[b, h]) · index_k[b, n] for n < seq_lens[b], else -inf; out[b, j] = max of s over "
+    "block j (S // block_size whole blocks); judged by the top-8 blocks per row",
+)
+
+ATTENTION_MSA_PREFILL_BLOCK_SCORE = SlotSpec(
+    name="attention.msa_prefill_block_score",
+    kind="block",
+    entry="msa_prefill_block_score",
+    args=("q", "index_k", "prefix_len", "scale", "block_size", "out"),
+    inputs=(TensorSpec("q", ("T", "D")), TensorSpec("index_k", ("P+T", "D"))),
+    outputs=(TensorSpec("out", ("T", "cdiv(P+T,bs)"), dtype="float32"),),
+    scalars=_msa_prefill_scalars,
+    scalar_names=("prefix_len", "scale", "block_size"),
+    reference=references.msa_prefill_block_score,
+    reference_id="cacheon.contract.references.msa_prefill_block_score@float64",
+    comparator=_SELECTION,
+    dtypes=FLOAT_DTYPES,
+    shapes=(
+        ShapeCase({"T": 1, "P": 1100, "D": 128, "bs": 64}),
+        ShapeCase({"T": 7, "P": 250, "D": 64, "bs": 16}),
+        ShapeCase({"T": 64, "P": 1000, "D": 128, "bs": 64}),
+        ShapeCase({"T": 128, "P": 2000, "D": 64, "bs": 128}),
+    ),
+    token_dim="T",
+    graph_dynamic=("q", "index_k"),
+    graph_safe=False,
+    serving_tokens=1024,
+    summary="s[m, n] = scale · q[m] · index_k[n], key n visible to row m iff n <= prefix_len + m (S = P + T); "
+    "out[m, j] = max of the visible s over block j (ceil(S / block_size) blocks, the tail ragged), -inf if none; "
+    "judged by the top-8 blocks per row",
+)
+
 SLOTS: Mapping[str, SlotSpec] = {
     s.name: s
     for s in (
@@ -278,6 +441,10 @@ SLOTS: Mapping[str, SlotSpec] = {
         MOE_FUSED_EXPERTS,
         ALL_REDUCE,
         AR_RESIDUAL_RMSNORM,
+        MOE_FUSED_EXPERTS_REDUCE,
+        MOE_FINALIZE_AR_RMSNORM,
+        ATTENTION_MSA_BLOCK_SCORE,
+        ATTENTION_MSA_PREFILL_BLOCK_SCORE,
     )
 }
 

@@ -93,11 +93,20 @@ def _fill(spec: TensorSpec, shape: tuple[int, ...], dims: Mapping[str, int], gen
     if spec.init == "topk_weights":
         return torch.softmax(torch.randn(shape, generator=gen), dim=-1)
     if spec.init == "seq_lens":
-        # every length from 1 to the cache size can occur; the longest is always present
-        lens = torch.randint(1, dims["L"] + 1, shape, generator=gen)
-        lens[torch.randint(0, shape[0], (1,), generator=gen)] = dims["L"]
-        return lens
+        return _lengths(shape, dims["L"], gen)
+    if spec.init == "key_lens":
+        return _lengths(shape, dims["S"], gen)
+    if spec.init == "row_map":
+        # a permutation of every row (a MoE's expert-sorted order is one of them)
+        return torch.randperm(math.prod(shape), generator=gen).reshape(shape)
     raise ValueError(f"unknown init {spec.init!r} for tensor {spec.name!r}")
+
+
+def _lengths(shape: tuple[int, ...], longest: int, gen: torch.Generator) -> torch.Tensor:
+    """Every length from 1 to ``longest`` can occur; ``longest`` itself is always present."""
+    lens = torch.randint(1, longest + 1, shape, generator=gen)
+    lens[torch.randint(0, shape[0], (1,), generator=gen)] = longest
+    return lens
 
 
 def make_inputs(

@@ -164,30 +164,62 @@ class SlotSpec:
         }
 
 
-_ALLOWED_DIM_NODES = (ast.Expression, ast.BinOp, ast.Name, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.Load)
+_ALLOWED_DIM_NODES = (
+    ast.Expression, ast.BinOp, ast.Name, ast.Constant, ast.Call, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Load,
+)
+
+
+def _cdiv(a: int, b: int) -> int:
+    """Ceiling division: how many blocks of ``b`` cover ``a``."""
+    return -(-a // b)
+
+
+def _floordiv(a: int, b: int) -> int:
+    return a // b
 
 
 def eval_dim(expr: str, dims: Mapping[str, int]) -> int:
-    """Evaluate a dimension expression such as ``"2*d"`` or ``"P+T"`` over the case dims."""
-    tree = ast.parse(expr, mode="eval")
+    """Evaluate a dimension expression such as ``"2*d"``, ``"P+T"``, ``"S//bs"`` (floor division) or
+    ``"cdiv(P+T, bs)"`` (ceiling division) over the case dims. Nothing else parses (no attribute,
+    no other call, no true division); a divisor must be positive and the result non-negative."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        raise ValueError(f"unsupported dimension expression {expr!r}") from None
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED_DIM_NODES):
             raise ValueError(f"unsupported dimension expression {expr!r}")
 
+    def divide(a: int, b: int, op: Callable[[int, int], int]) -> int:
+        if b <= 0:
+            raise ValueError(f"dimension expression {expr!r} divides by {b} (a divisor must be positive)")
+        return op(a, b)
+
     def ev(node: ast.AST) -> int:
         if isinstance(node, ast.Expression):
             return ev(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        if isinstance(node, ast.Constant) and type(node.value) is int:
             return node.value
         if isinstance(node, ast.Name):
             return int(dims[node.id])
+        if isinstance(node, ast.Call):
+            if not (isinstance(node.func, ast.Name) and node.func.id == "cdiv" and len(node.args) == 2
+                    and not node.keywords):
+                raise ValueError(f"unsupported dimension expression {expr!r} (only cdiv(a, b) may be called)")
+            return divide(ev(node.args[0]), ev(node.args[1]), _cdiv)
         if isinstance(node, ast.BinOp):
             left, right = ev(node.left), ev(node.right)
             if isinstance(node.op, ast.Add):
                 return left + right
             if isinstance(node.op, ast.Sub):
                 return left - right
-            return left * right
+            if isinstance(node.op, ast.Mult):
+                return left * right
+            if isinstance(node.op, ast.FloorDiv):
+                return divide(left, right, _floordiv)
         raise ValueError(f"unsupported dimension expression {expr!r}")
 
-    return ev(tree)
+    value = ev(tree)
+    if value < 0:
+        raise ValueError(f"dimension expression {expr!r} is negative ({value}) for dims {dict(dims)}")
+    return value

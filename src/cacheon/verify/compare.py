@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from cacheon.contract.spec import CompareMode, Tolerance
+from cacheon.verify.selection import compare_selection
 
 #: floor for the relative-error denominator, so exact zeros in the reference do not divide by zero
 REL_EPS = 1e-6
@@ -29,6 +30,9 @@ def compare(mode: CompareMode, tol: Tolerance, got: torch.Tensor, ref: torch.Ten
         return Comparison(False, float("inf"), float("inf"), detail=f"shape {tuple(g.shape)} != {tuple(r.shape)}")
     if g.numel() == 0:
         return Comparison(True, 0.0, 0.0)
+    if mode == "topk_overlap":  # a selection: -inf is a masked cell, legitimate where the reference has it
+        s = compare_selection(g, r, tol)
+        return Comparison(s.ok, s.max_abs_err, s.max_rel_err, s.metric, s.detail)
     finite = torch.isfinite(g)
     if not bool(finite.all()):
         bad = int((~finite).sum())
@@ -46,8 +50,6 @@ def compare(mode: CompareMode, tol: Tolerance, got: torch.Tensor, ref: torch.Ten
         return Comparison(ok, max_abs, max_rel, {"matched_ratio": ratio}, detail)
     if mode == "cosine":
         return _cosine(g, r, tol, max_abs, max_rel)
-    if mode == "topk_overlap":
-        return _topk(g, r, tol, max_abs, max_rel)
     raise ValueError(f"unknown comparator mode {mode!r}")
 
 
@@ -75,14 +77,3 @@ def _cosine(g: torch.Tensor, r: torch.Tensor, tol: Tolerance, max_abs: float, ma
     if abs(norm_ratio - 1.0) > tol.norm_rtol:
         problems.append(f"norm ratio {norm_ratio:.6f} outside 1±{tol.norm_rtol}")
     return Comparison(not problems, max_abs, max_rel, {"cosine": cos, "norm_ratio": norm_ratio}, "; ".join(problems))
-
-
-def _topk(g: torch.Tensor, r: torch.Tensor, tol: Tolerance, max_abs: float, max_rel: float) -> Comparison:
-    k = min(tol.topk, r.shape[-1])
-    gi = g.reshape(-1, r.shape[-1]).topk(k, dim=-1).indices
-    ri = r.reshape(-1, r.shape[-1]).topk(k, dim=-1).indices
-    hits = (gi.unsqueeze(-1) == ri.unsqueeze(-2)).any(-1).double().mean(-1)
-    overlap = float(hits.min())
-    ok = overlap >= tol.min_ratio
-    detail = "" if ok else f"worst row top-{k} overlap {overlap:.4f} < {tol.min_ratio}"
-    return Comparison(ok, max_abs, max_rel, {"topk_overlap": overlap}, detail)

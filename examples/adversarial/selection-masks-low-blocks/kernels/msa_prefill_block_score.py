@@ -1,0 +1,15 @@
+import torch
+import torch.nn.functional as F
+
+
+def msa_prefill_block_score(q, index_k, prefix_len: int, scale: float, block_size: int, out) -> None:
+    rows, keys = q.shape[0], index_k.shape[0]
+    blocks = out.shape[1]
+    scores = (q.float() @ index_k.float().T) * scale
+    key = torch.arange(keys, device=q.device).unsqueeze(0)
+    row = torch.arange(rows, device=q.device).unsqueeze(1)
+    scores = scores.masked_fill(key > prefix_len + row, float("-inf"))
+    scores = F.pad(scores, (0, blocks * block_size - keys), value=float("-inf"))
+    best = scores.reshape(rows, blocks, block_size).amax(dim=-1)
+    eighth = best.topk(8, dim=-1).values[:, -1:]
+    out.copy_(best.masked_fill(best < eighth, float("-inf")))
