@@ -74,7 +74,7 @@ def pool(profile: TokenizerProfile, messages: Messages, page: int) -> tuple[Exac
         w = Worker(f"w{i}", WorkerSpec(url=f"http://w{i}:1"), discovery=Discovery("0.5.13.post1", "m", page, 1, 1))
         w.state = WorkerState.READY
         workers.append(w)
-        index.apply((w.id, 0), [("store", chain[: (i + 1) * len(chain) // (WORKERS + 1)])])
+        index.apply((w.id, 0), [("store", chain[: (i + 1) * len(chain) // (WORKERS + 1)], None)])
     d = {k: f.default for k, f in GatewayConfig.__dataclass_fields__.items()}  # the gateway's defaults
     return Exact(index, CHAINS, d["load_epsilon"], d["min_prefix_blocks"], d["min_match_ratio"]), workers
 

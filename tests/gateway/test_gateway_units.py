@@ -64,8 +64,8 @@ def test_exact_prefers_longest_prefix_within_the_load_bound() -> None:
     index = BlockIndex()
     tokens = list(range(8))
     chain = page_hashes(tokens, 2)
-    index.apply(("a", 0), [("store", chain[:1])])
-    index.apply(("b", 0), [("store", chain[:3])])
+    index.apply(("a", 0), [("store", chain[:1], None)])
+    index.apply(("b", 0), [("store", chain[:3], None)])
     policy = Exact(index, ChainCache(), epsilon=0.25, min_prefix_blocks=1, min_match_ratio=0)
     a, b, c = _worker("a"), _worker("b"), _worker("c")
     assert [policy.choose([a, b, c], tokens)[i] for i in (1, 2)] == ["prefix_hit", 6]  # 3 pages of 2 tokens
@@ -81,13 +81,13 @@ def test_exact_prefers_longest_prefix_within_the_load_bound() -> None:
 def test_a_match_must_cover_enough_of_the_prompt_and_idle_ties_rotate() -> None:
     index = BlockIndex()
     tokens = list(range(8))  # 4 pages of 2
-    index.apply(("a", 0), [("store", page_hashes(tokens, 2)[:1])])  # a system-prompt-sized match: 1 of 4
+    index.apply(("a", 0), [("store", page_hashes(tokens, 2)[:1], None)])  # a system-prompt-sized match: 1 of 4
     policy = Exact(index, ChainCache(), epsilon=0.25, min_prefix_blocks=1, min_match_ratio=0.5)
     workers = [_worker("a"), _worker("b"), _worker("c")]
     picks = [policy.choose(workers, tokens) for _ in range(3)]
     assert {reason for _, reason, _ in picks} == {"fallback_shallow"}
     assert {w.id for w, _, _ in picks} == {"a", "b", "c"}  # a burst onto an idle pool spreads out
-    index.apply(("a", 0), [("store", page_hashes(tokens, 2)[:2])])  # now half the prompt
+    index.apply(("a", 0), [("store", page_hashes(tokens, 2)[:2], None)])  # now half the prompt
     assert policy.choose(workers, tokens)[:3] == (workers[0], "prefix_hit", 4)
 
 
