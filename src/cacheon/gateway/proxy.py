@@ -139,7 +139,7 @@ class Proxy:
             relayed = False
             try:
                 if stream:
-                    outcome.response = await self._stream(worker, path, raw, headers)
+                    outcome.response = await self._stream(worker, path, raw, headers, decision)
                     relayed = True  # the relay releases the count when the stream ends
                 else:
                     answered, called = await unless_client_leaves(request, self._call(worker, path, raw, headers))
@@ -152,6 +152,7 @@ class Proxy:
             finally:
                 if not relayed:
                     worker.in_flight -= 1
+                    self.policy.released(decision)
             return outcome
         if last is not None:
             outcome.response = last
@@ -193,7 +194,8 @@ class Proxy:
         w.failures = 0
         return response
 
-    async def _stream(self, w: Worker, path: str, raw: bytes, headers: dict[str, str]) -> Response:
+    async def _stream(self, w: Worker, path: str, raw: bytes, headers: dict[str, str], decision: Decision
+                      ) -> Response:
         """Chunk-by-chunk passthrough; Retry only before the status line reaches the client."""
         # A stream may run long: the limit is on the gap between chunks, not on the whole.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.request_timeout_s,
@@ -219,6 +221,7 @@ class Proxy:
         def finish() -> None:
             resp.close()  # closing an unfinished upstream response aborts that request on the worker
             w.in_flight -= 1
+            self.policy.released(decision)
 
         return _Relay(chunks(), finish, resp.status, _passed(resp.headers, headers))
 
