@@ -5,10 +5,20 @@ decodes and nothing half-decoded escapes. A payload that fails is diagnosed on a
 never runs for good batches: another release's shape (``schema_mismatch``) versus broken bytes
 or types (``decode_error``). Decoded events leave this module as version-neutral index
 operations (``operations``).
+
+Token ids, most of a per-page payload, are not made into Python ints: each BlockStored's
+``token_ids`` stays raw msgpack, and one compiled pattern checks that it is an array of u32s in
+the encodings msgpack uses for them (``_TOKEN_ARRAY``). The pattern accepts a subset of what
+the contract's typed decoder accepts; a payload it does not recognise goes to that typed decoder
+(``typed_batch``), whose verdict stands. So a batch is accepted, or rejected with its reason and
+detail, exactly as a decoder building every token would (tests/kv/test_kv_wire_properties.py).
 """
 
 from __future__ import annotations
 
+import functools
+import operator
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -17,7 +27,17 @@ from typing import Any, cast
 import msgspec
 
 from cacheon.kv.contracts import Encoding, WireContract
-from cacheon.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, event_types, field_names, tag
+from cacheon.kv.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KvEvent,
+    Token,
+    event_types,
+    field_names,
+    tag,
+)
 from cacheon.kv.index import IndexOp, Operation
 
 
@@ -52,21 +72,51 @@ class DecodedBatch:
     events: Sequence[KvEvent]
 
 
+# One msgpack array of u32s: its header (fixarray, array 16, array 32), then positive fixints,
+# uint 8, uint 16 and uint 32, the encodings msgpack writers use for them. (Valid but unusual
+# ones, a uint 64 or a non-negative int 8, are left to the typed decoder.)
+_TOKEN_ARRAY = re.compile(rb"(?:[\x90-\x9f]|\xdc..|\xdd....)(?:[\x00-\x7f]|\xcc.|\xcd..|\xce....)*", re.DOTALL)
+
+
+@functools.cache
+def typed_batch(batch: type[EventBatch]) -> type[EventBatch]:
+    """``batch`` with its BlockStored's ``token_ids`` typed as the contract's u32 list: the decoder that
+    builds every token, for the verdict on a payload the fast path does not recognise."""
+    kinds = event_types(batch)
+    stored = next(t for t in kinds if issubclass(t, BlockStored))
+    typed = msgspec.defstruct(f"{stored.__name__}Tokens", [("token_ids", list[Token])], bases=(stored,))
+    union: Any = functools.reduce(operator.or_, [typed if t is stored else t for t in kinds])  # a run-time union
+    return cast(type[EventBatch], msgspec.defstruct(f"{batch.__name__}Tokens", [("events", list[union])],
+                                                    bases=(batch,)))
+
+
 class WireDecoder:
     """Decodes one contract's payloads; instances are cheap to share, not thread-bound."""
 
     def __init__(self, contract: WireContract) -> None:
         self.contract = contract
         self._decoder = msgspec.msgpack.Decoder(contract.batch)
+        self._typed = msgspec.msgpack.Decoder(typed_batch(contract.batch))
+        self._stored = contract.stored
         # Each tag's (required, optional) fields, for diagnosing a payload that did not decode.
         self._allowed = {tag(t): field_names(t) for t in event_types(contract.batch)}
 
     def decode(self, payload: bytes, rank: int) -> DecodedBatch:
         """The batch, or WireReject; never a partial batch, never another exception."""
+        batch: EventBatch | None
         try:
             batch = self._decoder.decode(payload)
-        except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
-            raise self._diagnose(payload, exc) from None
+        except msgspec.DecodeError:
+            batch = None
+        stored = self._stored
+        if batch is None or not all(map(_TOKEN_ARRAY.fullmatch, [e.token_ids for e in batch.events
+                                                                 if type(e) is stored])):
+            try:  # the typed decoder's verdict: a reject with its reason, or a rare valid encoding
+                self._typed.decode(payload)
+            except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
+                raise self._diagnose(payload, exc) from None
+        if batch is None:  # cannot happen: what decodes with typed token ids decodes with raw ones
+            raise WireReject(DECODE_ERROR, "the payload decodes only with typed token ids")
         if batch.attn_dp_rank != rank:
             raise WireReject(RANK_MISMATCH, f"batch attn_dp_rank={batch.attn_dp_rank}, socket rank={rank}")
         return DecodedBatch(batch.ts, rank, batch.events)
@@ -185,6 +235,8 @@ def event_json(event: KvEvent) -> dict[str, Any]:
         value = getattr(event, name)
         if name == "metadata" and value is not None:
             out["cache_salt"] = value.cache_salt
+        elif name == "token_ids":
+            out[name] = cast(BlockStored, event).tokens()
         elif value is not None or name in ("parent_block_hash", "lora_id"):
             out[name] = value
     return out

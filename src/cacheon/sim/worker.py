@@ -186,11 +186,16 @@ class SimWorker:
             self.publishers.publish(rank, stored, removed, self.s.page_size)
 
     def words(self, tokens: list[int], n: int) -> list[str]:
-        seed = zlib.crc32(json.dumps(tokens[-64:]).encode())
-        return [f" sim{(seed + i) % 997}" for i in range(n)]
+        return reply_words(tokens, n)
 
     def request_id(self) -> str:
         return f"sim-{next(self._ids)}"
+
+
+def reply_words(tokens: list[int], n: int) -> list[str]:
+    """The simulator's deterministic completion: ``n`` words seeded by the prompt's tail."""
+    seed = zlib.crc32(json.dumps(tokens[-64:]).encode())
+    return [f" sim{(seed + i) % 997}" for i in range(n)]
 
 
 def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
