@@ -21,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cacheon.gateway.config import GatewayConfig, WorkerSpec
+from cacheon.gateway.config import WorkerSpec
 from cacheon.gateway.heap import freeze_startup_objects
-from cacheon.gateway.policy import Exact
+from cacheon.gateway.policy import Decision, Exact
 from cacheon.gateway.workers import Discovery, Worker, WorkerState
 from cacheon.kv.hashing import page_hashes
 from cacheon.kv.index import BlockIndex
@@ -75,8 +75,7 @@ def pool(profile: TokenizerProfile, messages: Messages, page: int) -> tuple[Exac
         w.state = WorkerState.READY
         workers.append(w)
         index.apply((w.id, 0), [("store", chain[: (i + 1) * len(chain) // (WORKERS + 1)], None)])
-    d = {k: f.default for k, f in GatewayConfig.__dataclass_fields__.items()}  # the gateway's defaults
-    return Exact(index, CHAINS, d["load_epsilon"], d["min_prefix_blocks"], d["min_match_ratio"]), workers
+    return Exact(index, CHAINS), workers
 
 
 def cold(profile: TokenizerProfile) -> None:
@@ -89,24 +88,30 @@ def row(profile: TokenizerProfile, target: int, page: int, phases: set[str]) -> 
     policy, workers = pool(profile, base, page)
     # Warm run r: base + a question routed before (untimed), then its answer and a new question (timed).
     turn: Messages = []
+    routed: list[Decision] = []  # released before the next run, as the proxy releases a request that ended
+
+    def release() -> None:
+        while routed:
+            policy.released(routed.pop())
 
     def ask(r: int) -> None:
+        release()
         turn[:] = [*base, message("user", "Question", r), message("assistant", "Answer", r)]
-        policy.choose(workers, profile.encode_chat(turn[:-1]))
+        policy.released(policy.choose(workers, profile.encode_chat(turn[:-1])))
 
     # Named, so that a profile can select one phase's timed calls (pyspy_top.py --under route_warm).
     def route_cold(r: int) -> None:
-        policy.choose(workers, profile.encode_chat(base))
+        routed.append(policy.choose(workers, profile.encode_chat(base)))
 
     def route_warm(r: int) -> None:
-        policy.choose(workers, profile.encode_chat([*turn, message("user", "Next", r)]))
+        routed.append(policy.choose(workers, profile.encode_chat([*turn, message("user", "Next", r)])))
 
     def tokenize_alone(r: int) -> None:
         profile.tokenizer.encode(text, add_special_tokens=False)
 
     text = profile.render_chat(base)
     runs = {
-        "cold": lambda: timed(route_cold, lambda r: cold(profile)),
+        "cold": lambda: timed(route_cold, lambda r: (release(), cold(profile))),
         "warm": lambda: timed(route_warm, ask, WARM_RUNS),
         "base": lambda: timed(tokenize_alone, lambda r: None),
     }

@@ -154,18 +154,20 @@ class BlockIndex(Generic[S]):
                     else:
                         hi = mid
                 end, last = hi, get(chain[lo], 0)
-            spans = [(0, first, end - 1, last)]  # (a, holders at a, b, holders at b), a < b
+            # Spans (a, holders at a, b, holders at b), a < b, whose ends differ: a change lies inside.
+            spans = [(0, first, end - 1, last)] if first != last else []
+            pop, push = spans.pop, spans.append
             while spans:
-                a, at_a, b, at_b = spans.pop()
-                if at_a == at_b:
-                    continue
+                a, at_a, b, at_b = pop()
                 if b - a == 1:
                     self._record(at_a ^ at_b, b, out)  # they hold blocks 0..a: a prefix of b blocks
                     continue
                 mid = (a + b) >> 1
                 at_mid = get(chain[mid], 0)
-                spans.append((mid, at_mid, b, at_b))
-                spans.append((a, at_a, mid, at_mid))
+                if at_mid != at_b:
+                    push((mid, at_mid, b, at_b))
+                if at_a != at_mid:
+                    push((a, at_a, mid, at_mid))
             self._record(last, end, out)
         return out
 
