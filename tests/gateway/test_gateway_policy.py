@@ -54,15 +54,16 @@ def test_the_deepest_holder_wins_an_idle_pool_and_a_miss_spreads() -> None:
 
 def test_a_full_worker_loses_once_its_slot_wait_costs_more_than_the_prefill_it_saves() -> None:
     # b holds 6 of the 8 tokens, a holds 2; one sequence slot each. Before any request has ended,
-    # a waiting position costs a slot's share of the mean prompt (8 tokens).
+    # a waiting position costs a slot's share of the mean prompt (8 tokens); a busy slot's decode
+    # costs a quarter of that share.
     policy, index, _ = _exact()
     index.apply(("a", 0), [("store", CHAIN[:1], None)])
     index.apply(("b", 0), [("store", CHAIN[:3], None)])
     a, b, c = (_worker(w, max_running=1) for w in "abc")
-    b.in_flight = 1  # position 1 past its slot: 8 tokens of wait + 2 uncached = 10
+    b.in_flight = 1  # position 1 past its slot: 8 tokens of wait + 2 of decode + 2 uncached = 12
     # a: 6 uncached + 2 x the 4 tokens of b's private prefix it would prefill again = 14; c: 8 + 2 x 6 = 20
     assert policy.choose([a, b, c], TOKENS)[:3] == (b, "prefix_hit", 6)
-    b.in_flight = 2  # 16 + 2 = 18 > 14
+    b.in_flight = 2  # 16 + 2 + 2 = 20 > 14
     assert policy.choose([a, b, c], TOKENS)[:3] == (a, "fallback_overload", 2)
 
 
@@ -100,13 +101,23 @@ def test_a_private_prefix_stays_and_a_hot_one_spreads() -> None:
     policy, index, _ = _exact()
     index.apply(("b", 0), [("store", CHAIN, None)])
     a, b = _worker("a", max_running=1), _worker("b", max_running=1)
-    b.in_flight = 1  # b: 8 of slot wait + 0 uncached; a: 8 uncached + 2 x the 8 private tokens = 24
+    b.in_flight = 1  # b: 8 of slot wait + 2 of decode + 0 uncached; a: 8 uncached + 2 x the 8 private tokens = 24
     assert policy.choose([a, b], TOKENS).worker is b
     policy._flying.clear()
-    longer = policy.choose([a, b], [*TOKENS, 60, 61])  # b: 8 + 2; a: 10 + 16
+    longer = policy.choose([a, b], [*TOKENS, 60, 61])  # b: 8 + 2 + 2; a: 10 + 16
     assert longer.worker is b  # in flight on b now, 2 tokens to prefill: it shares the 8-token prefix
-    b.in_flight = 2  # b: 2 queued + 16 of slot wait; a: 8 uncached and no penalty, the prefix is a hot one
+    b.in_flight = 2  # b: 2 queued + 16 of slot wait + 2; a: 8 uncached and no penalty, the prefix is a hot one
     assert policy.choose([a, b], TOKENS)[:2] == (a, "fallback_overload")
+
+
+def test_below_the_slot_bound_the_decode_already_running_counts() -> None:
+    # Both hold the whole prompt; four slots each; a runs three sequences: 0.25 x 3/4 x 8 = 1.5 tokens.
+    for weight, expected in ((0.25, "b"), (0.0, "a")):  # without the term: a tie, which turn 0 gives to a
+        policy, index, _ = _exact(decode_weight=weight)
+        for source in ("a", "b"):
+            index.apply((source, 0), [("store", CHAIN, None)])
+        a, b = _worker("a", in_flight=3, max_running=4), _worker("b", max_running=4)
+        assert policy.choose([a, b], TOKENS).worker.id == expected
 
 
 def test_released_requests_teach_the_run_time_line() -> None:
@@ -134,8 +145,8 @@ def test_the_slot_wait_is_the_expected_end_of_the_earliest_request() -> None:
     assert policy.choose([late], TOKENS).worker is late  # routed at 100.040: ends at 100.0908
     clock.now += 0.01
     sibling = [*TOKENS[:2], 70, 71, 72, 73, 74, 75]  # shares one page with the late one's prompt
-    # late: 8 queued + (100.0908 - 100.05) / 0.1 ms = 408 of wait + 6 uncached = 422
-    # early: 8 queued + 8 of wait + 8 uncached (the shared page is hot: no penalty) = 24
+    # late: 8 queued + (100.0908 - 100.05) / 0.1 ms = 408 of wait + 2 of decode + 6 uncached = 424
+    # early: 8 queued + 8 of wait + 2 + 8 uncached (the shared page is hot: no penalty) = 26
     assert policy.choose([a, b], sibling)[:2] == (early, "fallback_overload")
     clock.now += 0.05  # both should have ended by now: late 8 + 0 + 6, early (8 + 8) queued + 0 + 8
     assert policy.choose([a, b], sibling).worker is late

@@ -195,7 +195,11 @@ class Exact:
       DP ranks, from discovery; unknown means no bound), the next one waits until the earliest
       of them ends, expected from the line ``RunTimes`` fits (before it can: each waiting
       position costs a slot's share of one mean prompt);
-    - its own prefill: the prompt less the longest prefix w holds.
+    - its own prefill: the prompt less the longest prefix w holds;
+    - the decode the worker already runs: ``decode_weight`` × the share of its slots in use × the
+      mean prompt. An engine's decode steps slow as its batch grows, and prefill waits between
+      them (Dynamo's router weighs a worker's active blocks the same way); without a known slot
+      bound there is no share to weigh.
 
     One more term keeps what is private where it is: prefilling again a prefix that the deepest
     holder has and no request in flight shares (a conversation's own history) costs
@@ -213,9 +217,10 @@ class Exact:
     tokenizes = attests = True
 
     def __init__(self, index: PrefixIndex[Source], chains: ChainCache, *, private_weight: float = 3.0,
-                 overlay: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
-        self.index, self.chains, self.private_weight, self.overlay, self.clock = (
-            index, chains, private_weight, overlay, clock)
+                 decode_weight: float = 0.25, overlay: bool = True, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.index, self.chains, self.overlay, self.clock = index, chains, overlay, clock
+        self.private_weight, self.decode_weight = private_weight, decode_weight
         self.runtimes = RunTimes()
         self.mean_prompt = 0.0
         self._turns = itertools.count()
@@ -237,7 +242,7 @@ class Exact:
                     held[source] = max(held.get(source, 0), depth * found.page_size)
         line = self.runtimes.line()
         # Per worker: the prefix it holds (index, or in-flight overlay), prefill queued, slot wait.
-        views: list[tuple[Worker, int, int, float]] = []
+        views: list[tuple[Worker, int, int, float, float]] = []
         shared = 0  # the longest prefix of this prompt a request in flight also has: then it is a hot one
         for w, found in ready:
             have, queued, wait = held.get(w.id, 0), 0, 0.0
@@ -250,16 +255,19 @@ class Exact:
                 if self.overlay:
                     have = max(have, max((c for c, prefilling in common if prefilling), default=0))
             slots = found.max_running * found.dp_size if found.max_running else 0
-            if slots and w.in_flight >= slots:
-                wait = self._slot_wait(flying, w.in_flight - slots + 1, slots, now, line)
-            views.append((w, have, queued, wait))
-        deepest = max(have for _, have, _, _ in views)
+            busy = 0.0
+            if slots:
+                busy = self.decode_weight * min(w.in_flight, slots) / slots * self.mean_prompt
+                if w.in_flight >= slots:
+                    wait = self._slot_wait(flying, w.in_flight - slots + 1, slots, now, line)
+            views.append((w, have, queued, wait, busy))
+        deepest = max(have for _, have, _, _, _ in views)
         turn = next(self._turns)
         best: tuple[float, int, int] | None = None
         chosen, chosen_held, queued_there, free_there = ready[0][0], 0, 0, True
-        for i, (w, have, queued, wait) in enumerate(views):
+        for i, (w, have, queued, wait, busy) in enumerate(views):
             copied = max(0, deepest - max(have, shared))  # a private prefix prefilled again, here
-            cost = queued + wait + (n - have) + (self.private_weight - 1) * copied
+            cost = queued + wait + busy + (n - have) + (self.private_weight - 1) * copied
             key = (cost, -have, (i - turn) % len(ready))  # ties: the deeper cache, then rotate
             if best is None or key < best:
                 best, chosen, chosen_held, queued_there, free_there = key, w, have, queued, not wait
