@@ -13,7 +13,7 @@ def fill(index: BlockIndex, workers: int, blocks: int, seed: int, keep: int = 0)
     """Store ``blocks`` ids over ``workers`` as ``_chains.prompt_chains``; returns the first ``keep`` chains."""
     kept: list[list[int]] = []
     for worker, chain in prompt_chains(workers, blocks, seed):
-        index.apply(("w", worker), [("store", chain)])
+        index.apply(("w", worker), [("store", chain, None)])
         if len(kept) < keep:
             kept.append(chain)
     return kept

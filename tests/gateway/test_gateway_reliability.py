@@ -77,6 +77,6 @@ def test_removing_a_worker_lets_its_in_flight_requests_finish(tmp_path: Path, pr
         assert removed.status_code == 200 and removed.json()["in_flight_left"] == 0
         assert time.monotonic() - started > 1  # it waited for the request rather than cutting it off
         asking.join(10)
-        assert answers and answers[0].status_code == 200 and sim.stats() == {"simulator": True, "completed": 1,
-                                                                            "aborted": 0}
+        stats = sim.stats()
+        assert answers and answers[0].status_code == 200 and (stats["completed"], stats["aborted"]) == (1, 0)
         assert sim.url not in gw.status()

@@ -91,11 +91,12 @@ def snapshot(index: BlockIndex[tuple[str, int]]) -> tuple[int, int, frozenset[in
 
 def apply(model: set[int], delivery: Delivery) -> None:
     assert delivery.batch is not None
-    for op, hashes in operations(delivery.batch.events)[0]:
+    for op, hashes, parent in operations(delivery.batch.events)[0]:
         if op == IndexOp.CLEAR:
             model.clear()
         elif op == IndexOp.STORE:
-            model.update(hashes)
+            if parent is None or parent in model:  # the index leaves out runs whose parent it lacks
+                model.update(hashes)
         else:
             model.difference_update(hashes)
 

@@ -1,68 +1,190 @@
-"""The block index against a plain set-per-source model, plus its capacity bound."""
+"""The block index against a set-per-source model, over block ids that form real chains.
+
+Block ids are hashes of their whole prefix, so every id has one parent; the worlds here keep that
+(a random forest of ids; a query is a root-to-node path, perhaps with foreign ids after it). The
+model is a set per source with the index's two rules spelled out plainly: a store whose parent the
+source does not hold is left out, and the capacity bound removes the most recent stores first.
+"""
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cacheon.kv.hashing import page_hashes
 from cacheon.kv.index import BlockIndex
+from cacheon.sim.cache import PrefixCache
 
-IDS = st.sampled_from([0, 1, -1, 7, 2**63 - 1, -(2**63), *range(100, 140)])
-SOURCES = st.sampled_from([("a", 0), ("a", 1), ("b", 0), *[(f"w{i}", 0) for i in range(70)]])
-OPS = st.lists(
-    st.tuples(SOURCES, st.sampled_from(["store", "remove", "clear", "drop"]), st.lists(IDS, max_size=12)),
-    max_size=40,
-)
+EDGE_IDS = [0, 1, -1, 7, 2**63 - 1, -(2**63)]
+CAPACITY = 6
 
 
-def model_prefix(model: dict, chain: list[int]) -> dict:
-    out = {}
-    for source, held in model.items():
-        n = 0
-        while n < len(chain) and chain[n] in held:
-            n += 1
-        if n:
-            out[source] = n
-    return out
+class Forest:
+    """``size`` block ids, each with one parent (or none: a root), from a seed."""
+
+    def __init__(self, seed: int, size: int = 40) -> None:
+        rng = random.Random(seed)
+        self.ids = EDGE_IDS + [rng.getrandbits(64) - 2**63 for _ in range(size - len(EDGE_IDS))]  # distinct: 2^-58
+        rng.shuffle(self.ids)
+        # Mostly deep chains (a recent node's child), some branches off anything, a few roots.
+        self.parent: list[int | None] = [
+            None if i == 0 or rng.random() < 0.1 else rng.randrange(max(0, i - 3) if rng.random() < 0.7 else 0, i)
+            for i in range(size)]
+        self.foreign = [rng.getrandbits(62) + 8 for _ in range(8)]  # ids no forest block has (2^-55)
+
+    def path(self, node: int) -> list[int]:
+        """The node's chain: ids from its root down to it."""
+        out = []
+        at: int | None = node
+        while at is not None:
+            out.append(self.ids[at])
+            at = self.parent[at]
+        return out[::-1]
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(OPS, st.lists(st.lists(IDS, min_size=1, max_size=10), min_size=1, max_size=4))
-def test_matches_a_set_model(ops: list, chains: list[list[int]]) -> None:
-    index = BlockIndex(capacity_per_source=25)  # small: evictions happen too
-    model: dict = {}
-    fifo: dict = {}
-    for source, op, ids in ops:
-        held = model.setdefault(source, set())
-        order = fifo.setdefault(source, [])
-        if op == "drop":
+class Model:
+    """A set per source, stores in order for the bound; the index's rules, spelled out."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.held: dict[object, set[int]] = {}
+        self.order: dict[object, list[int]] = {}
+
+    def store(self, source: object, run: list[int], parent: int | None) -> None:
+        held, order = self.held.setdefault(source, set()), self.order.setdefault(source, [])
+        if parent is not None and parent not in held:
+            return
+        for h in run:
+            if h not in held:
+                held.add(h)
+                order.append(h)
+        while len(held) > self.capacity:
+            held.discard(order.pop())
+
+    def remove(self, source: object, ids: list[int]) -> None:
+        self.held.setdefault(source, set()).difference_update(ids)
+
+    def clear(self, source: object) -> None:
+        self.held[source], self.order[source] = set(), []
+
+    def leaves(self, source: object, forest: Forest) -> list[int]:
+        """The source's blocks with no held child: what a radix cache may evict."""
+        held = self.held.get(source, set())
+        parents = {forest.ids[p] for i, p in enumerate(forest.parent) if p is not None and forest.ids[i] in held}
+        return sorted(held - parents)
+
+    def prefix(self, chain: list[int]) -> dict[object, int]:
+        out = {}
+        for source, held in self.held.items():
+            n = 0
+            while n < len(chain) and chain[n] in held:
+                n += 1
+            if n:
+                out[source] = n
+        return out
+
+
+SOURCES = [("a", 0), ("a", 1), ("b", 0), *[(f"w{i}", 0) for i in range(70)]]
+STEP = st.tuples(st.sampled_from(SOURCES[:5]) | st.sampled_from(SOURCES),
+                 st.sampled_from(["store", "store", "store", "evict", "clear", "drop", "noop_remove"]),
+                 st.integers(0, 39), st.integers(0, 8), st.integers(0, 2**32))
+
+
+def run_world(index: BlockIndex, model: Model, forest: Forest, steps: list) -> None:
+    for source, kind, node, cut, salt in steps:
+        if kind == "store":  # a run along a real chain: from depth `cut`, its parent named (maybe not held)
+            path = forest.path(node)
+            cut = min(cut, len(path) - 1)
+            run, parent = path[cut:], path[cut - 1] if cut else None
+            index.apply(source, [("store", run, parent)])
+            model.store(source, run, parent)
+        elif kind == "evict":  # as a radix cache does: a leaf at a time, so maybe then its parent, in one batch
+            rng, victims = random.Random(salt), []
+            for _ in range(1 + cut % 4):
+                leaves = model.leaves(source, forest)
+                if leaves:
+                    victims.append(rng.choice(leaves))
+                    model.remove(source, victims[-1:])
+            index.apply(source, [("remove", victims, None)])
+        elif kind == "noop_remove":
+            index.apply(source, [("remove", forest.foreign[:2], None)])
+        elif kind == "clear":
+            index.clear(source)
+            model.clear(source)
+        else:  # drop: the source is gone and a later store starts it afresh
             index.drop(source)
-        else:
-            index.apply(source, [(op, ids)])
-        if op == "store":
-            for h in ids:
-                if h not in held:
-                    held.add(h)
-                    order.append(h)
-            while len(order) > 25:  # the bound counts stores: oldest first, stale ones too
-                held.discard(order.pop(0))
-        elif op == "remove":
-            held.difference_update(ids)
-        else:  # clear, or drop: the source is gone and a later store starts it afresh
-            held.clear()
-            order.clear()
-    for source, held in model.items():
-        assert index.blocks(source) == len(held)
-    assert len(index) == len(set().union(*model.values())) if model else len(index) == 0
-    for chain in chains:
-        assert index.longest_prefix(chain) == model_prefix(model, chain)
+            model.clear(source)
+
+
+def check(index: BlockIndex, model: Model, forest: Forest, extra: list[int]) -> None:
+    for source, held in model.held.items():
+        assert index.blocks(source) == len(held), source
+    assert len(index) == len(set().union(*model.held.values()))
+    for node in range(len(forest.ids)):
+        for chain in (forest.path(node), forest.path(node) + extra, forest.path(node)[:1] + extra):
+            assert index.longest_prefix(chain) == model.prefix(chain), chain
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32), st.lists(STEP, max_size=60), st.lists(st.integers(0, 7), max_size=3))
+def test_matches_the_model_with_orphans_trims_evictions_and_clears(seed: int, steps: list, tails: list[int]) -> None:
+    forest = Forest(seed)
+    index, model = BlockIndex(capacity_per_source=CAPACITY), Model(CAPACITY)
+    run_world(index, model, forest, steps)
+    check(index, model, forest, [forest.foreign[t] for t in tails])
+
+
+def test_orphans_and_trims_are_counted() -> None:
+    index = BlockIndex(capacity_per_source=3)
+    index.apply("w", [("store", [5, 6], 4)])  # parent 4 not held: left out
+    assert index.orphans == 2 and index.blocks("w") == 0 and len(index) == 0
+    index.apply("w", [("store", [1, 2, 3, 4], None)])  # one over the bound: the newest goes
+    assert index.evictions == 1 and index.longest_prefix([1, 2, 3, 4]) == {"w": 3}
+    index.apply("w", [("store", [4, 5], 3)])  # 3 is held: accepted, then trimmed back to 3 blocks
+    assert index.longest_prefix([1, 2, 3, 4, 5]) == {"w": 3} and index.evictions == 3
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32), st.integers(1, 4), st.integers(8, 64))
+def test_a_radix_caches_stream_is_indexed_exactly_as_reported(seed: int, page: int, capacity_pages: int) -> None:
+    """A real radix cache (the simulator's: LRU leaves first) under a random workload: what it reports,
+    applied to plain sets (no rules), is what the index answers; nothing is an orphan or trimmed."""
+    rng = random.Random(seed)
+    caches = {s: PrefixCache(page, capacity_pages * page) for s in ("a", "b", "c")}
+    index: BlockIndex[str] = BlockIndex(capacity_per_source=1 << 16)
+    plain: dict[str, set[int]] = {s: set() for s in caches}
+    prompts = [[rng.randrange(6) for _ in range(rng.randrange(1, 40))] for _ in range(12)]
+    asked = []
+    for _ in range(40):
+        tokens = rng.choice(prompts)[: rng.randrange(1, 41)] + [rng.randrange(6) for _ in range(rng.randrange(4))]
+        source = rng.choice(list(caches))
+        stored, evicted = caches[source].insert(tokens)
+        ops: list = [("remove", evicted, None)] if evicted else []
+        for p in stored:  # runs of pages that continue each other, each naming its parent
+            if ops and ops[-1][0] == "store" and ops[-1][1][-1] == p.parent:
+                ops[-1][1].append(p.block_hash)
+            else:
+                ops.append(("store", [p.block_hash], p.parent))
+        index.apply(source, ops)
+        plain[source].difference_update(evicted)
+        plain[source].update(p.block_hash for p in stored)
+        asked.append(page_hashes(tokens, page))
+    assert index.orphans == index.evictions == 0
+    model = Model(1 << 16)
+    model.held = plain
+    for chain in asked:
+        assert index.longest_prefix(chain) == model.prefix(chain)
+    assert {s: index.blocks(s) for s in caches} == {s: len(held) for s, held in plain.items()}
 
 
 def test_a_batch_applies_in_order() -> None:
     index = BlockIndex()
-    index.apply("w", [("store", [1, 2, 3]), ("remove", [2]), ("clear", []), ("store", [4]), ("remove", [9])])
+    index.apply("w", [("store", [1, 2, 3], None), ("remove", [3], None), ("clear", [], None), ("store", [4], None),
+                      ("remove", [9], None)])
     assert index.longest_prefix([4]) == {"w": 1}
     assert index.longest_prefix([1]) == {}
     assert index.blocks("w") == 1
@@ -70,45 +192,33 @@ def test_a_batch_applies_in_order() -> None:
 
 def test_dropped_columns_are_reused_and_start_empty() -> None:
     index = BlockIndex()
-    index.apply("keep", [("store", [1, 2])])
+    index.apply("keep", [("store", [1, 2], None)])
     for i in range(500):  # worker churn: register, index, remove
-        index.apply(f"gone{i}", [("store", [1, 2, 3, 100 + i])])
+        index.apply(f"gone{i}", [("store", [1, 2, 3, 100 + i], None)])
         index.drop(f"gone{i}")
     assert index.sources() == 1
     assert index._bits[-1] < 1 << 2  # the point: no new column (bit) per worker ever seen
-    index.apply("new", [("store", [5])])
+    index.apply("new", [("store", [5], None)])
     assert index.longest_prefix([1, 2, 3]) == {"keep": 2}
     assert index.longest_prefix([5]) == {"new": 1} and index.blocks("new") == 1
     index.drop("never-seen")  # a no-op, not an error
 
 
-def test_capacity_evicts_oldest_first() -> None:
-    index = BlockIndex(capacity_per_source=100)
-    index.apply("w", [("store", list(range(100)))])
-    index.apply("v", [("store", list(range(50)))])
-    index.apply("w", [("store", list(range(100, 130)))])
-    assert index.blocks("w") == 100 and index.evictions == 30
-    assert index.longest_prefix(list(range(30))) == {"v": 30}  # w's oldest 30 went, v kept its own
-    assert index.longest_prefix(list(range(30, 130))) == {"w": 100, "v": 20}
-    index.apply("w", [("store", list(range(1000, 1250)))])  # one batch larger than the bound
-    assert index.blocks("w") == 100
-    assert index.longest_prefix(list(range(1150, 1250))) == {"w": 100}
-
-
-def test_churn_stays_within_the_bound() -> None:
+def test_store_order_is_compacted_and_churn_stays_within_the_bound() -> None:
     index = BlockIndex(capacity_per_source=1000)
     rng = np.random.default_rng(0)
-    for _ in range(200):
+    for _ in range(200):  # a worker that evicts what it stored: stale entries must not pile up
         ids = rng.integers(-(2**63), 2**63 - 1, 500, dtype=np.int64).tolist()
-        index.apply("w", [("store", ids), ("remove", ids[:100])])
+        index.apply("w", [("store", ids, None), ("remove", ids[100:], None)])
     assert index.blocks("w") == len(index) <= 1000
     assert index.evictions > 0
+    assert len(index._stored[0]) <= 2 * index.blocks("w") + 64 + 500
 
 
 def test_many_sources_use_wider_masks() -> None:
     index = BlockIndex()
     for i in range(200):
-        index.apply(("w", i), [("store", [1, 2, 3][: 1 + i % 3])])
+        index.apply(("w", i), [("store", [1, 2, 3][: 1 + i % 3], None)])
     result = index.longest_prefix([1, 2, 3])
     assert len(result) == 200 and sorted(set(result.values())) == [1, 2, 3]
 
@@ -117,4 +227,4 @@ def test_bad_input_is_refused() -> None:
     with pytest.raises(ValueError):
         BlockIndex(capacity_per_source=0)
     with pytest.raises(ValueError):
-        BlockIndex().apply("w", [("evict", [1])])
+        BlockIndex().apply("w", [("evict", [1], None)])

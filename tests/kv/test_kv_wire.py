@@ -146,14 +146,15 @@ def test_operations_merge_runs_and_skip_host_tiers() -> None:
     data, rank, _ = payload("0.5.13.post1", "mixed")
     decoder = DECODERS["sglang-kv-rank-v1"]
     ops, skipped = operations(decoder.decode(data, rank).events)
-    assert ops == [("remove", [1]), ("store", [2]), ("clear", []), ("store", [3, 4]), ("remove", [4])]
+    assert ops == [("remove", [1], None), ("store", [2], None), ("clear", [], None), ("store", [3, 4], 2),
+                   ("remove", [4], None)]
     assert skipped == 0
     data, rank, _ = payload("0.5.23", "host_tier")
     decoder = DECODERS["sglang-kv-rank-v4"]
     assert operations(decoder.decode(data, rank).events) == ([], 2)
     many = enc([1.0, [ARRAY_STORED, ["BlockStored", [2], 1, [6], 1, None, "GPU"], ["BlockRemoved", [3]]], 0])
     assert operations(DECODERS["sglang-kv-rank-v1"].decode(many, 0).events) == (
-        [("store", [1, 2]), ("remove", [3])],
+        [("store", [1, 2], None), ("remove", [3], None)],  # page 2 continues page 1: one run
         0,
     )
 

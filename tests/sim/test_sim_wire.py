@@ -163,7 +163,7 @@ def test_sim_publishes_what_the_release_radix_cache_queues(tmp_path: Path, versi
         # And the gateway's decoder reads it back to the same pages.
         ops, skipped = operations(decoder.decode(payload, 0).events)
         assert skipped == 0
-        assert ops == [("remove", removed)] * bool(removed) + [("store", [p.block_hash for p in stored])]
+        assert ops == [("remove", removed, None)] * bool(removed) + [("store", [p.block_hash for p in stored], stored[0].parent)]
 
 
 def test_builtin_profile_is_byte_identical_and_a_gateway_configured_from_it_attests_the_worker(

@@ -51,7 +51,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--completions-bos", action="store_true", help="prepend BOS on /v1/completions, as some models do")
     w.add_argument("--prefix-cache", choices=("builtin", "sglang"), default="builtin",
                    help="builtin LRU radix cache, or the pinned SGLang's own RadixCache (imports torch: slow start)")
-    w.add_argument("--delay-ms", type=float, default=0.0, help="simulated time per request")
+    w.add_argument("--delay-ms", type=float, default=0.0,
+                   help="a flat simulated time per request, spread over its output tokens (default 0)")
+    w.add_argument("--prefill-us-per-token", type=float, default=0.0,
+                   help="simulated prefill time per prompt token not already cached, one prefill at a time "
+                   "per DP rank (default 0)")
+    w.add_argument("--decode-ms-per-token", type=float, default=0.0,
+                   help="simulated decode time per output token of each sequence (default 0)")
+    w.add_argument("--max-running-requests", type=int, default=0,
+                   help="sequences a DP rank runs at once; later arrivals queue in order (default 0: no bound)")
     w.add_argument("--fault", help="lie in one way: " + ", ".join(_faults()))
     w.set_defaults(handler=_worker)
     ins = sim.add_parser("install-releases", help="unpack SGLang releases' wheels for the simulator's publishers",
@@ -119,6 +127,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     from cacheon.kv.contracts import for_version
     from cacheon.sim.publisher import RankPublishers, load_release_kv_events
+    from cacheon.sim.schedule import TimeModel
     from cacheon.sim.worker import FAULTS, SimSettings, SimWorker, build_app
 
     for_version(args.sglang_version)  # only releases with a known wire
@@ -126,10 +135,16 @@ def _worker(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown fault {args.fault!r} (known: {', '.join(FAULTS)})")
     if args.page_size < 1 or args.dp_size < 1 or args.capacity_tokens < args.page_size:
         raise UsageError("need page size >= 1, dp size >= 1 and capacity >= one page")
+    try:
+        time_model = TimeModel(args.prefill_us_per_token / 1e6, args.decode_ms_per_token / 1e3,
+                               args.max_running_requests, args.delay_ms / 1e3)
+    except ValueError as exc:
+        raise UsageError(f"--delay-ms, --prefill-us-per-token, --decode-ms-per-token, --max-running-requests: "
+                         f"{exc}") from None
     profile = _load_profile(args)
     settings = SimSettings(
         args.model, args.sglang_version, args.page_size, args.dp_size, args.kv_port, args.capacity_tokens,
-        args.delay_ms / 1000, args.fault, args.kv_replay_port,
+        time_model, args.fault, args.kv_replay_port,
     )
     cache = None
     if args.prefix_cache == "sglang":

@@ -68,9 +68,9 @@ class Echoes:
             for ev in delivery.batch.events:
                 if not isinstance(ev, BlockStored):
                     continue
-                size = ev.block_size
+                size, tokens = ev.block_size, ev.tokens()
                 for i, h in enumerate(ev.block_hashes):
-                    sink.append((h, delivery.batch.rank, tuple(ev.token_ids[i * size : (i + 1) * size])))
+                    sink.append((h, delivery.batch.rank, tuple(tokens[i * size : (i + 1) * size])))
 
     def arm(self, worker_id: str) -> None:
         with self._lock:

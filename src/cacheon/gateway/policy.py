@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from cacheon.gateway.config import GatewayConfig
 from cacheon.gateway.workers import Worker, WorkerState
@@ -30,6 +31,7 @@ class Decision(NamedTuple):
     worker: Worker
     reason: RouteReason
     held: int  # prompt tokens the chosen worker holds (prefix policies)
+    ticket: Any = None  # what the policy keeps about this request until ``released`` (exact's ``InFlight``)
 
 
 class Policy(Protocol):
@@ -40,6 +42,9 @@ class Policy(Protocol):
     attests: bool  # whether it routes on KV events, so workers must climb the attestation ladder
 
     def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision: ...
+
+    def released(self, decision: Decision) -> None:
+        """The request ``decision`` routed has ended (answered, failed, or the client left)."""
 
     def forget(self, worker_id: str) -> None:
         """A worker left the pool: drop what the policy keeps about it."""
@@ -89,6 +94,9 @@ class Prefix:
         best = min(fit, key=lambda w: (-held[w.id], w.in_flight))
         return Decision(best, RouteReason.PREFIX_HIT, held[best.id])
 
+    def released(self, decision: Decision) -> None:
+        return None
+
     def forget(self, worker_id: str) -> None:
         return None
 
@@ -103,39 +111,207 @@ class RoundRobin:
     def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision:
         return Decision(workers[next(self._turn) % len(workers)], RouteReason.ROUND_ROBIN, 0)
 
+    def released(self, decision: Decision) -> None:
+        return None
+
     def forget(self, worker_id: str) -> None:
         return None
 
 
-class Exact(Prefix):
-    """Longest cached prefix from the KV index, on attested (READY) workers only."""
+class InFlight:
+    """A request exact routed and has not seen end: its prompt's chain, the prefill it costs, when it should end.
+
+    Until the worker's KV events show the chain's last block (its prefill is over), the request
+    counts as prefill queued on that worker, and its chain as held there (the in-flight overlay).
+    """
+
+    __slots__ = ("chain", "page", "prefilling", "routed", "slotted", "uncached", "work", "worker")
+
+    def __init__(self, worker: str, chain: list[int], page: int, uncached: int, work: int, routed: float,
+                 slotted: bool) -> None:
+        self.worker, self.chain, self.page, self.uncached, self.work = worker, chain, page, uncached, work
+        self.routed, self.slotted = routed, slotted  # slotted: a sequence slot was free when it was routed
+        self.prefilling = bool(uncached and chain)
+
+    def shared(self, chain: Sequence[int]) -> int:
+        """Leading blocks ``chain`` shares with this request's chain: a bisection, since two hash
+        chains that agree at a block agree on every block before it."""
+        mine = self.chain
+        n = min(len(mine), len(chain))
+        if not n or mine[0] != chain[0]:
+            return 0
+        if mine[n - 1] == chain[n - 1]:
+            return n
+        lo, hi = 0, n - 1  # equal at lo, different at hi
+        while hi - lo > 1:
+            mid = (lo + hi) >> 1
+            if mine[mid] == chain[mid]:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+
+class RunTimes:
+    """How long a request runs, as a line in its prefill work, learned from the requests routed.
+
+    A request that found a sequence slot free runs for the prefill queued ahead of it plus its
+    own (its work, in tokens), then its decode: lifetime = a + b × work, b the time of a prefill
+    token and a the decode. A least-squares line over the ended requests that had a free slot
+    (recent ones weigh more) gives both; until it can be fitted (too few requests, or all with
+    the same work) there is none.
+    """
+
+    def __init__(self, decay: float = 0.98, min_samples: int = 8) -> None:
+        self.decay, self.min_samples = decay, min_samples
+        self.samples = 0
+        self._w = self._x = self._xx = self._y = self._xy = 0.0
+
+    def add(self, work: int, lifetime: float) -> None:
+        d = self.decay
+        self._w, self._x, self._xx = d * self._w + 1, d * self._x + work, d * self._xx + work * work
+        self._y, self._xy = d * self._y + lifetime, d * self._xy + work * lifetime
+        self.samples += 1
+
+    def line(self) -> tuple[float, float] | None:
+        """(a, b): seconds of decode, seconds per prefill token; None until fitted."""
+        spread = self._w * self._xx - self._x * self._x
+        if self.samples < self.min_samples or spread <= 1e-9 * self._w * self._xx:
+            return None
+        b = (self._w * self._xy - self._x * self._y) / spread
+        a = (self._y - b * self._x) / self._w
+        return (a, b) if a > 0 and b > 0 else None
+
+
+class Exact:
+    """Lowest expected time to first token, from the KV index, on attested (READY) workers only.
+
+    The expected TTFT on worker w, in prefill tokens (prefill is compute-bound, its time follows
+    the tokens not cached), is what w's two queues make a request wait plus its own prefill:
+
+    - the prefill queued on w: requests routed there whose KV events have not come yet (their
+      uncached tokens);
+    - a sequence slot: when w runs as many requests as its scheduler allows (``max_running`` ×
+      DP ranks, from discovery; unknown means no bound), the next one waits until the earliest
+      of them ends, expected from the line ``RunTimes`` fits (before it can: each waiting
+      position costs a slot's share of one mean prompt);
+    - its own prefill: the prompt less the longest prefix w holds;
+    - the decode the worker already runs: ``decode_weight`` × the share of its slots in use × the
+      mean prompt. An engine's decode steps slow as its batch grows, and prefill waits between
+      them (Dynamo's router weighs a worker's active blocks the same way); without a known slot
+      bound there is no share to weigh.
+
+    One more term keeps what is private where it is: prefilling again a prefix that the deepest
+    holder has and no request in flight shares (a conversation's own history) costs
+    ``private_weight`` × its tokens, not once: the copy serves no one else and the prefill delays
+    whoever queues behind it there. A prefix that requests in flight share (an application's system
+    prompt, a tree's root) is a hot one: a copy on a less busy worker spreads it, at its plain cost.
+
+    No fixed load bound: the worker holding the prompt wins until its queues cost more than the
+    prefill it saves. A prefix counts as held when the index says so, or when a request in flight
+    on w shares it (the in-flight overlay: its events are still coming, so a burst of siblings
+    follows it). Ties go to the deeper cache, then rotate.
+    """
 
     name = "exact"
     tokenizes = attests = True
 
-    def __init__(self, index: PrefixIndex[Source], chains: ChainCache, epsilon: float, min_prefix_blocks: int,
-                 min_match_ratio: float) -> None:
-        super().__init__(epsilon, min_prefix_blocks, min_match_ratio)
-        self.index, self.chains = index, chains
+    def __init__(self, index: PrefixIndex[Source], chains: ChainCache, *, private_weight: float = 3.0,
+                 decode_weight: float = 0.25, overlay: bool = True, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.index, self.chains, self.overlay, self.clock = index, chains, overlay, clock
+        self.private_weight, self.decode_weight = private_weight, decode_weight
+        self.runtimes = RunTimes()
+        self.mean_prompt = 0.0
+        self._turns = itertools.count()
+        self._flying: dict[str, list[InFlight]] = {}  # worker -> the requests routed there, not yet released
 
     def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision:
         ready = [(w, w.discovery) for w in workers if w.state == WorkerState.READY and w.discovery is not None]
         if not ready or tokens is None:
             return Decision(least_loaded(workers, next(self._turns)), RouteReason.FALLBACK_NOT_READY, 0)
+        n, now = len(tokens), self.clock()
+        self.mean_prompt += (n - self.mean_prompt) * (0.02 if self.mean_prompt else 1.0)
         # One hash chain and one index query per page size in the pool (usually one).
-        by_size: dict[int, set[str]] = {}
-        for w, found in ready:
-            by_size.setdefault(found.page_size, set()).add(w.id)
+        chains: dict[int, list[int]] = {}
         held: dict[str, int] = {}
-        counted: set[str] = set()
-        for size, ids in by_size.items():
-            needed = self.needed(len(tokens) // size)
-            for (source, _rank), depth in self.index.longest_prefix(self.chains.chain(tokens, size)).items():
-                if source in ids and depth * size > held.get(source, 0):
-                    held[source] = depth * size
-                    if depth >= needed:
-                        counted.add(source)
-        return self.pick([w for w, _ in ready], held, counted)
+        for _, found in ready:
+            if found.page_size not in chains:
+                chain = chains[found.page_size] = self.chains.chain(tokens, found.page_size)
+                for (source, _rank), depth in self.index.longest_prefix(chain).items():
+                    held[source] = max(held.get(source, 0), depth * found.page_size)
+        line = self.runtimes.line()
+        # Per worker: the prefix it holds (index, or in-flight overlay), prefill queued, slot wait.
+        views: list[tuple[Worker, int, int, float, float]] = []
+        shared = 0  # the longest prefix of this prompt a request in flight also has: then it is a hot one
+        for w, found in ready:
+            have, queued, wait = held.get(w.id, 0), 0, 0.0
+            flying = self._flying.get(w.id, ())
+            if flying:
+                queued = self._queued(w.id, flying)
+                chain = chains[found.page_size]
+                common = [(p.shared(chain) * p.page, p.prefilling) for p in flying if p.page == found.page_size]
+                shared = max(shared, max((c for c, _ in common), default=0))
+                if self.overlay:
+                    have = max(have, max((c for c, prefilling in common if prefilling), default=0))
+            slots = found.max_running * found.dp_size if found.max_running else 0
+            busy = 0.0
+            if slots:
+                busy = self.decode_weight * min(w.in_flight, slots) / slots * self.mean_prompt
+                if w.in_flight >= slots:
+                    wait = self._slot_wait(flying, w.in_flight - slots + 1, slots, now, line)
+            views.append((w, have, queued, wait, busy))
+        deepest = max(have for _, have, _, _, _ in views)
+        turn = next(self._turns)
+        best: tuple[float, int, int] | None = None
+        chosen, chosen_held, queued_there, free_there = ready[0][0], 0, 0, True
+        for i, (w, have, queued, wait, busy) in enumerate(views):
+            copied = max(0, deepest - max(have, shared))  # a private prefix prefilled again, here
+            cost = queued + wait + busy + (n - have) + (self.private_weight - 1) * copied
+            key = (cost, -have, (i - turn) % len(ready))  # ties: the deeper cache, then rotate
+            if best is None or key < best:
+                best, chosen, chosen_held, queued_there, free_there = key, w, have, queued, not wait
+        reason = (RouteReason.FALLBACK_MISS if not deepest else
+                  RouteReason.PREFIX_HIT if chosen_held == deepest else RouteReason.FALLBACK_OVERLOAD)
+        page = chosen.discovery.page_size  # type: ignore[union-attr]  # READY workers are discovered
+        ticket = InFlight(chosen.id, chains[page], page, n - chosen_held, queued_there + n - chosen_held, now,
+                          free_there)
+        self._flying.setdefault(chosen.id, []).append(ticket)
+        return Decision(chosen, reason, chosen_held, ticket)
+
+    def _queued(self, worker: str, flying: Sequence[InFlight]) -> int:
+        """Uncached tokens still to prefill on ``worker``; a request is past its prefill once the
+        worker's KV events show its chain's last block."""
+        queued = 0
+        for p in flying:
+            if p.prefilling:
+                if any(source == worker for source, _rank in self.index.longest_prefix(p.chain[-1:])):
+                    p.prefilling = False
+                else:
+                    queued += p.uncached
+        return queued
+
+    def _slot_wait(self, flying: Sequence[InFlight], position: int, slots: int, now: float,
+                   line: tuple[float, float] | None) -> float:
+        """Prefill tokens' worth of waiting for a sequence slot, ``position`` places past the last free one."""
+        if line is None or len(flying) < position:
+            return position / slots * self.mean_prompt
+        a, b = line
+        ends = sorted(p.routed + a + b * p.work for p in flying)
+        return max(0.0, ends[position - 1] - now) / b
+
+    def released(self, decision: Decision) -> None:
+        ticket = decision.ticket
+        if not isinstance(ticket, InFlight):
+            return
+        if ticket.slotted:
+            self.runtimes.add(ticket.work, self.clock() - ticket.routed)
+        flying = self._flying.get(ticket.worker)
+        if flying and ticket in flying:
+            flying.remove(ticket)
+
+    def forget(self, worker_id: str) -> None:
+        self._flying.pop(worker_id, None)
 
 
 class Approx(Prefix):
@@ -178,14 +354,14 @@ class Approx(Prefix):
                 depths[wid] = depth
             alive &= holders
         needed = self.needed(len(keys))
-        worker, reason, held = self.pick(workers, {w: d * self.chunk for w, d in depths.items()},
-                                         {w for w, d in depths.items() if d >= needed})
+        decision = self.pick(workers, {w: d * self.chunk for w, d in depths.items()},
+                             {w for w, d in depths.items() if d >= needed})
         for key in keys:
-            self._nodes.setdefault(key, set()).add(worker.id)
+            self._nodes.setdefault(key, set()).add(decision.worker.id)
             self._nodes.move_to_end(key)
         while len(self._nodes) > self.max_entries:
             self._nodes.popitem(last=False)
-        return Decision(worker, reason, held)
+        return decision
 
     def forget(self, worker_id: str) -> None:
         for holders in self._nodes.values():
@@ -197,5 +373,5 @@ def make_policy(cfg: GatewayConfig, index: PrefixIndex[Source], chains: ChainCac
     if cfg.policy == "rr":
         return RoundRobin()
     if cfg.policy == "exact":
-        return Exact(index, chains, cfg.load_epsilon, cfg.min_prefix_blocks, cfg.min_match_ratio)
+        return Exact(index, chains)
     return Approx(cfg.load_epsilon, cfg.min_prefix_blocks, cfg.min_match_ratio, cfg.approx_max_entries)

@@ -281,6 +281,7 @@ class Proxy:
                 outcome.failures.append(f"{worker.id}: {retry.why}")
             finally:
                 worker.in_flight -= 1
+                self.policy.released(decision)  # a stream's ends here too: _stream writes it whole
         if last is not None:
             return last
         why = f" (tried {'; '.join(outcome.failures)})" if outcome.failures else ""

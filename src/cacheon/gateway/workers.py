@@ -55,6 +55,7 @@ class Discovery:
     dp_size: int
     kv_port: int | None  # None: the worker publishes no KV events
     replay_port: int | None = None  # rank 0's replay ROUTER port, from the server args; None: no replay
+    max_running: int | None = None  # sequences one DP rank runs at once, as the scheduler reports it
 
 
 class DiscoveryError(Exception):
@@ -78,9 +79,21 @@ async def discover(client: aiohttp.ClientSession, url: str, timeout_s: float) ->
             dp_size=int(kv["dp_size"] if kv else info.get("dp_size") or 1),
             kv_port=int(kv["endpoint_port_base"]) if kv else None,
             replay_port=_replay_port(info.get("kv_events_config")) if kv else None,
+            max_running=_max_running(info),
         )
     except (CallError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DiscoveryError(f"{url}: cannot discover the worker: {exc}") from None
+
+
+def _max_running(info: dict[str, Any]) -> int | None:
+    """The scheduler's bound on running requests per DP rank (``internal_states``, 0.5.13.post1 on), else the
+    ``max_running_requests`` server argument; None when neither says (a router then assumes no bound)."""
+    states = info.get("internal_states")
+    state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+    for value in (state.get("effective_max_running_requests_per_dp"), info.get("max_running_requests")):
+        if type(value) is int and value > 0:
+            return value
+    return None
 
 
 def _replay_port(config: Any) -> int | None:

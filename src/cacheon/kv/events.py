@@ -25,14 +25,33 @@ class KvEvent(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 
 
 class BlockStored(KvEvent):
-    """Pages cached on a rank: their ids in chain order, the parent of the first, their tokens."""
+    """Pages cached on a rank: their ids in chain order, the parent of the first, their tokens.
+
+    The contract's ``token_ids`` is a list of u32 (``Token``); the index never reads them, so an
+    event keeps them as the msgpack bytes they came in (``cacheon.kv.wire`` checks those are
+    exactly such a list) and ``tokens()`` makes the list where it is read (attestation).
+    """
 
     block_hashes: list[Int64]
     parent_block_hash: Int64 | None
-    token_ids: list[Token]
+    token_ids: msgspec.Raw
     block_size: PageSize
     lora_id: int | None
     medium: str | None = None
+
+    def tokens(self) -> list[int]:
+        return msgspec.msgpack.decode(self.token_ids, type=list[int])
+
+    def token_count(self) -> int:
+        """How many token ids, read from the array's msgpack header alone (the wire has checked
+        it is one: fixarray, array 16 or array 32)."""
+        raw = bytes(memoryview(self.token_ids)[:5])
+        head = raw[0]
+        if head == 0xDC:
+            return int.from_bytes(raw[1:3], "big")
+        if head == 0xDD:
+            return int.from_bytes(raw[1:5], "big")
+        return head & 0x0F
 
 
 class BlockRemoved(KvEvent):

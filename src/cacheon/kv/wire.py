@@ -7,11 +7,21 @@ or types (``decode_error``, nesting too deep included). A batch that decodes but
 real publisher sends (a non-finite timestamp, a block size, page or token count past
 ``WireBounds``) is ``out_of_bounds``. Decoded events leave this module as version-neutral index
 operations (``operations``).
+
+Token ids, most of a per-page payload, are not made into Python ints: each BlockStored's
+``token_ids`` stays raw msgpack, and one compiled pattern checks that it is an array of u32s in
+the encodings msgpack uses for them (``_TOKEN_ARRAY``). The pattern accepts a subset of what
+the contract's typed decoder accepts; a payload it does not recognise goes to that typed decoder
+(``typed_batch``), whose verdict stands. So a batch is accepted, or rejected with its reason and
+detail, exactly as a decoder building every token would (tests/kv/test_kv_wire_properties.py).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -20,7 +30,17 @@ from typing import Annotated, Any, cast
 import msgspec
 
 from cacheon.kv.contracts import Encoding, WireContract
-from cacheon.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent, event_types, field_names, tag
+from cacheon.kv.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KvEvent,
+    Token,
+    event_types,
+    field_names,
+    tag,
+)
 from cacheon.kv.index import IndexOp, Operation
 
 
@@ -72,6 +92,24 @@ class DecodedBatch:
     events: Sequence[KvEvent]
 
 
+# One msgpack array of u32s: its header (fixarray, array 16, array 32), then positive fixints,
+# uint 8, uint 16 and uint 32, the encodings msgpack writers use for them. (Valid but unusual
+# ones, a uint 64 or a non-negative int 8, are left to the typed decoder.)
+_TOKEN_ARRAY = re.compile(rb"(?:[\x90-\x9f]|\xdc..|\xdd....)(?:[\x00-\x7f]|\xcc.|\xcd..|\xce....)*", re.DOTALL)
+
+
+@functools.cache
+def typed_batch(batch: type[EventBatch]) -> type[EventBatch]:
+    """``batch`` with its BlockStored's ``token_ids`` typed as the contract's u32 list: the decoder that
+    builds every token, for the verdict on a payload the fast path does not recognise."""
+    kinds = event_types(batch)
+    stored = next(t for t in kinds if issubclass(t, BlockStored))
+    typed = msgspec.defstruct(f"{stored.__name__}Tokens", [("token_ids", list[Token])], bases=(stored,))
+    union: Any = functools.reduce(operator.or_, [typed if t is stored else t for t in kinds])  # a run-time union
+    return cast(type[EventBatch], msgspec.defstruct(f"{batch.__name__}Tokens", [("events", list[union])],
+                                                    bases=(batch,)))
+
+
 class WireDecoder:
     """Decodes one contract's payloads; instances are cheap to share, not thread-bound."""
 
@@ -79,6 +117,7 @@ class WireDecoder:
         self.contract = contract
         self.bounds = bounds or WireBounds()
         self._decoder = msgspec.msgpack.Decoder(contract.batch)
+        self._typed = msgspec.msgpack.Decoder(typed_batch(contract.batch))
         self._stored = contract.stored
         # Each tag's (required, optional) fields, for diagnosing a payload that did not decode.
         self._allowed = {tag(t): field_names(t) for t in event_types(contract.batch)}
@@ -87,12 +126,24 @@ class WireDecoder:
         """The batch, or WireReject; never a partial batch, never another exception."""
         if len(payload) > self.bounds.max_payload_bytes:
             raise WireReject(OUT_OF_BOUNDS, f"payload of {len(payload)} bytes, bound {self.bounds.max_payload_bytes}")
+        batch: EventBatch | None
         try:
             batch = self._decoder.decode(payload)
-        except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
-            raise self._diagnose(payload, exc) from None
+        except msgspec.DecodeError:
+            batch = None
         except RecursionError:
             raise WireReject(DECODE_ERROR, "payload nests too deeply") from None
+        stored = self._stored
+        if batch is None or not all(map(_TOKEN_ARRAY.fullmatch, [e.token_ids for e in batch.events
+                                                                 if type(e) is stored])):
+            try:  # the typed decoder's verdict: a reject with its reason, or a rare valid encoding
+                self._typed.decode(payload)
+            except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
+                raise self._diagnose(payload, exc) from None
+            except RecursionError:
+                raise WireReject(DECODE_ERROR, "payload nests too deeply") from None
+        if batch is None:  # cannot happen: what decodes with typed token ids decodes with raw ones
+            raise WireReject(DECODE_ERROR, "the payload decodes only with typed token ids")
         if batch.attn_dp_rank != rank:
             raise WireReject(RANK_MISMATCH, f"batch attn_dp_rank={batch.attn_dp_rank}, socket rank={rank}")
         problem = self._out_of_bounds(batch.ts, batch.events)
@@ -110,7 +161,7 @@ class WireDecoder:
         stored = self._stored
         for ev in events:  # one pass, exact type checks: this runs for every accepted batch
             if type(ev) is stored:
-                if ev.block_size > b.max_block_size or len(ev.token_ids) > b.max_tokens or len(
+                if ev.block_size > b.max_block_size or ev.token_count() > b.max_tokens or len(
                         ev.block_hashes) > b.max_pages:
                     return _store_bounds(ev, b)
             elif len(getattr(ev, "block_hashes", ())) > b.max_pages:
@@ -171,50 +222,63 @@ class WireDecoder:
 def _store_bounds(ev: BlockStored, b: WireBounds) -> str:
     if ev.block_size > b.max_block_size:
         return f"a BlockStored with block_size {ev.block_size}, bound {b.max_block_size}"
-    if len(ev.token_ids) > b.max_tokens:
-        return f"a BlockStored of {len(ev.token_ids)} token ids, bound {b.max_tokens}"
+    if ev.token_count() > b.max_tokens:
+        return f"a BlockStored of {ev.token_count()} token ids, bound {b.max_tokens}"
     return f"a BlockStored of {len(ev.block_hashes)} block ids, bound {b.max_pages}"
 
 
 def operations(events: Sequence[KvEvent]) -> tuple[list[Operation], int]:
     """Version-neutral index operations for decoded events, and how many were skipped.
 
-    Consecutive stores (or removals) merge into one operation so the index works in bulk;
-    events on a non-device medium (host/disk tiers) are skipped: they do not make a
-    worker's GPU prefix reusable.
+    Consecutive removals merge into one operation, and so do consecutive stores that continue one
+    chain (each event's parent is the previous one's last block: the per-page wire's pages of one
+    prefill), so the index works in bulk; a store names its run's parent. Events on a non-device
+    medium (host/disk tiers) are skipped: they do not make a worker's GPU prefix reusable.
     """
     ops: list[Operation] = []
     current: IndexOp | None = None
     run: list[int] = []
+    tail: int | None = None  # the last block of the current store run
     skipped = 0
-    for ev in events:
+    # Fields are read only after dispatching on the event's class (a clear has none).
+    for ev in cast(Sequence[BlockStored], events):
         op = _OPS.get(type(ev)) or _op(type(ev))  # one dict lookup per event on the hot path
-        if op is IndexOp.CLEAR:
-            ops.append((IndexOp.CLEAR, []))
+        if op is _CLEAR:
+            ops.append((_CLEAR, [], None))
             current = None
             continue
-        paged = cast(BlockStored | BlockRemoved, ev)
-        if paged.medium not in DEVICE_MEDIA:
+        if ev.medium not in DEVICE_MEDIA:
             skipped += 1
             continue
-        if op is not current:
+        hashes = ev.block_hashes
+        if not hashes:
+            continue
+        if op is _STORE:
+            parent = ev.parent_block_hash
+            if current is not _STORE or parent is None or parent != tail:
+                current, run = op, []
+                ops.append((op, run, parent))
+            tail = hashes[-1]
+        elif current is not op:
             current, run = op, []
-            ops.append((op, run))
-        run += paged.block_hashes
+            ops.append((op, run, None))
+        run += hashes
     return ops, skipped
 
 
+# The members bound once: on Python 3.11 each ``IndexOp.X`` is a descriptor call (~0.1 us).
+_STORE, _REMOVE, _CLEAR = IndexOp.STORE, IndexOp.REMOVE, IndexOp.CLEAR
 _OPS: dict[type[KvEvent], IndexOp] = {}
 
 
 def _op(event_type: type[KvEvent]) -> IndexOp:
     """The index operation of a concrete event class, remembered for the next event of that class."""
     if issubclass(event_type, AllBlocksCleared):
-        op = IndexOp.CLEAR
+        op = _CLEAR
     elif issubclass(event_type, BlockStored):
-        op = IndexOp.STORE
+        op = _STORE
     elif issubclass(event_type, BlockRemoved):
-        op = IndexOp.REMOVE
+        op = _REMOVE
     else:
         raise TypeError(f"not a KV event type: {event_type!r}")
     _OPS[event_type] = op
@@ -228,6 +292,8 @@ def event_json(event: KvEvent) -> dict[str, Any]:
         value = getattr(event, name)
         if name == "metadata" and value is not None:
             out["cache_salt"] = value.cache_salt
+        elif name == "token_ids":
+            out[name] = cast(BlockStored, event).tokens()
         elif value is not None or name in ("parent_block_hash", "lora_id"):
             out[name] = value
     return out

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -104,7 +105,8 @@ class SimProcess:
     def __init__(self, stack: ExitStack, tmp: Path, profile: tuple[Path, Path], version: str, *,
                  page_size: int = 4, dp_size: int = 1, delay_ms: int = 0, fault: str | None = None,
                  model: str = "demo", capacity_tokens: int = 1 << 16, releases: Path = RELEASES,
-                 ports: tuple[int, int] | None = None, replay: bool = False) -> None:
+                 ports: tuple[int, int] | None = None, replay: bool = False,
+                 extra_args: Sequence[str] = ()) -> None:
         self.port, self.kv_port = ports or (free_port(), free_range(dp_size))
         self.replay_port = free_range(dp_size) if replay else None
         self.url = f"http://127.0.0.1:{self.port}"
@@ -116,14 +118,20 @@ class SimProcess:
                 "--bos-token", "<s>", "--delay-ms", str(delay_ms)]
         args += ["--fault", fault] if fault else []
         args += ["--kv-replay-port", str(self.replay_port)] if self.replay_port else []
-        self.proc = _spawn(stack, args, self.log)
+        self.proc = _spawn(stack, [*args, *extra_args], self.log)  # extra: e.g. the time model's flags
 
     def ready(self) -> None:
         wait_until(lambda: self._up(), f"sim {self.url} (log {self.log})")
 
-    def stats(self) -> dict[str, int]:
-        """The simulator's request counters: completed, and aborted because the client left."""
+    def stats(self) -> dict[str, float]:
+        """The simulator's counters: requests completed and aborted (the client left), prompt and cached
+        tokens, simulated seconds queued and in prefill."""
         return httpx.get(f"{self.url}/sim/stats", timeout=5).json()
+
+    def requests(self) -> list[dict[str, float]]:
+        """The latest admitted requests' simulated schedules (prompt and cached tokens, seconds queued,
+        in prefill, per output token), in admission order."""
+        return httpx.get(f"{self.url}/sim/requests", timeout=5).json()["requests"]
 
     def _up(self) -> bool:
         if self.proc.poll() is not None:

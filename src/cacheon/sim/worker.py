@@ -2,20 +2,23 @@
 
 It is a simulator, not an engine: it generates no real text. What is real is what a gateway
 depends on: the endpoints and their JSON shapes (0.5.13.post1), the tokenization, a prefix cache
-per DP rank with a capacity, and the KV events that cache publishes. Fault switches make it
-lie in one precise way each, so every rung of the gateway's attestation ladder can be failed.
+per DP rank with a capacity, the KV events that cache publishes when a simulated prefill ends,
+and time that follows the work (``cacheon.sim.schedule``: queueing, uncached prefill, decode).
+Fault switches make it lie in one precise way each, so every rung of the gateway's attestation
+ladder can be failed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import itertools
 import json
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from packaging.version import Version
@@ -25,8 +28,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from cacheon.disconnect import unless_client_leaves
-from cacheon.sim.cache import PrefixCache, SimCache
+from cacheon.sim.cache import PrefixCache, SimCache, StoredPage
 from cacheon.sim.publisher import RankPublishers, kv_events_config
+from cacheon.sim.schedule import Plan, RankScheduler, TimeModel
 from cacheon.tokens.chains import ChainCache
 from cacheon.tokens.profile import TokenizerProfile
 
@@ -48,7 +52,7 @@ class SimSettings:
     dp_size: int
     kv_port: int
     capacity_tokens: int
-    delay_s: float = 0.0
+    time: TimeModel = field(default_factory=TimeModel)
     fault: str | None = None
     kv_replay_port: int | None = None
 
@@ -81,10 +85,19 @@ class SimWorker:
         self.chains = ChainCache()
         make = cache or functools.partial(PrefixCache, hasher=self.chains.chain)
         self.caches = [make(settings.page_size, settings.capacity_tokens) for _ in range(settings.dp_size)]
+        self.schedulers = [RankScheduler(settings.time) for _ in range(settings.dp_size)]
         self._next_rank = itertools.cycle(range(settings.dp_size))
         self._ids = itertools.count()
-        # Requests served to the end, and abandoned because the client left first (SGLang aborts those).
-        self.stats = {"completed": 0, "aborted": 0}
+        # Per rank: (number, stored, removed) of admitted requests whose prefill has not ended yet.
+        self._unpublished: list[collections.deque[tuple[int, list[StoredPage], list[int]]]] = [
+            collections.deque() for _ in range(settings.dp_size)]
+        self._admitted = itertools.count()
+        # Requests served to the end and abandoned because the client left first (SGLang aborts those);
+        # prompt and cached tokens over every admitted request; simulated seconds queued and in prefill.
+        self.stats: dict[str, float] = {"completed": 0, "aborted": 0, "prompt_tokens": 0, "cached_tokens": 0,
+                                        "queued_s": 0.0, "prefill_s": 0.0}
+        # The latest admitted requests' schedules, for benchmarks: (prompt, cached, queued s, prefill s, step s).
+        self.recent: collections.deque[tuple[int, int, float, float, float]] = collections.deque(maxlen=1 << 14)
 
     def server_info(self) -> dict[str, Any]:
         s, lie = self.s, self.s.fault
@@ -98,6 +111,10 @@ class SimWorker:
             "served_model_name": s.model,
             "page_size": page,
             "dp_size": s.dp_size,
+            "max_running_requests": s.time.max_running or None,  # the server argument (None: SGLang sizes it)
+            # What the scheduler runs per DP rank (SGLang's get_internal_state); absent: no bound.
+            "internal_states": [{"effective_max_running_requests_per_dp": s.time.max_running}
+                                if s.time.max_running else {} for _ in range(s.dp_size)],
             "version": _reported_version(s.version, lie),
             "simulator": True,
             # ServerArgs.kv_events_config verbatim (a JSON string): where a client finds replay_endpoint.
@@ -122,14 +139,42 @@ class SimWorker:
             raise ValueError("prompt must be a string or a list of token ids")
         return self.profile.encode(prompt) if "text" in body else self.profile.encode_completion(prompt)
 
-    def prefill(self, tokens: list[int]) -> int:
-        """Run the cache as a prefill would; returns cached tokens and publishes the changes."""
+    def admit(self, tokens: list[int], output_tokens: int) -> tuple[int, Plan]:
+        """Schedule a request on the next rank; returns its cached tokens and its plan (loop time).
+
+        The cache is matched and filled now, as the request's prefill will find it (the schedule's
+        queues are FIFO: ``cacheon.sim.schedule``); the KV events go out when its prefill ends.
+        """
+        loop = asyncio.get_running_loop()
         rank = next(self._next_rank)
         cache = self.caches[rank]
         cached = cache.match(tokens)
+        plan = self.schedulers[rank].plan(loop.time(), len(tokens) - cached, output_tokens)
         stored, removed = cache.insert(tokens)
+        number = next(self._admitted)
+        self._unpublished[rank].append((number, stored, removed))
+        if plan.prefill_end <= loop.time():
+            self._publish_through(rank, number)
+        else:
+            loop.call_at(plan.prefill_end, self._publish_through, rank, number)
+        prefill = plan.prefill_end - plan.prefill_start
+        for key, value in (("prompt_tokens", len(tokens)), ("cached_tokens", cached), ("queued_s", plan.queued),
+                           ("prefill_s", prefill)):
+            self.stats[key] += value
+        self.recent.append((len(tokens), cached, plan.queued, prefill, plan.step))
+        return cached, plan
+
+    def _publish_through(self, rank: int, number: int) -> None:
+        """Publish the rank's changes up to admitted request ``number``, in order (a rank's prefills
+        end in admission order; a timer firing late must not let a later one overtake)."""
+        pending = self._unpublished[rank]
+        while pending and pending[0][0] <= number:
+            _, stored, removed = pending.popleft()
+            self._publish(rank, stored, removed)
+
+    def _publish(self, rank: int, stored: list[StoredPage], removed: list[int]) -> None:
         if self.publishers is None or self.s.fault == "no_echo":
-            return cached
+            return
         if self.s.fault == "wrong_echo":  # a consistently wrong hash chain: every id (and parent link) off
             stored = [type(p)(p.block_hash ^ 1, None if p.parent is None else p.parent ^ 1, p.tokens) for p in stored]
             removed = [h ^ 1 for h in removed]
@@ -139,14 +184,18 @@ class SimWorker:
             self.publishers.publish((rank + 1) % self.s.dp_size, stored[half:], [], self.s.page_size)
         else:
             self.publishers.publish(rank, stored, removed, self.s.page_size)
-        return cached
 
     def words(self, tokens: list[int], n: int) -> list[str]:
-        seed = zlib.crc32(json.dumps(tokens[-64:]).encode())
-        return [f" sim{(seed + i) % 997}" for i in range(n)]
+        return reply_words(tokens, n)
 
     def request_id(self) -> str:
         return f"sim-{next(self._ids)}"
+
+
+def reply_words(tokens: list[int], n: int) -> list[str]:
+    """The simulator's deterministic completion: ``n`` words seeded by the prompt's tail."""
+    seed = zlib.crc32(json.dumps(tokens[-64:]).encode())
+    return [f" sim{(seed + i) % 997}" for i in range(n)]
 
 
 def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
@@ -166,12 +215,13 @@ def build_app(sim: SimWorker) -> Starlette:
     """The Starlette app serving SGLang's endpoints from ``sim``."""
     s = sim.s
 
-    async def generating(request: Request) -> bool:
-        """The simulated generation time; False (counted as aborted) if the client left during it."""
-        if s.delay_s <= 0:
+    async def generating(request: Request, plan: Plan) -> bool:
+        """Until the plan's end; False (counted as aborted) if the client left first."""
+        wait = plan.done - asyncio.get_running_loop().time()
+        if wait <= 0:
             sim.stats["completed"] += 1
             return True
-        finished, _ = await unless_client_leaves(request, asyncio.sleep(s.delay_s))
+        finished, _ = await unless_client_leaves(request, asyncio.sleep(wait))
         sim.stats["completed" if finished else "aborted"] += 1
         return finished
 
@@ -212,13 +262,13 @@ def build_app(sim: SimWorker) -> Starlette:
         except (ValueError, KeyError, TypeError) as exc:
             return _error(400, f"bad request: {exc}")
         n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
-        cached = sim.prefill(tokens)
+        cached, plan = sim.admit(tokens, n)
         words = sim.words(tokens, n)
         rid, created, model = sim.request_id(), int(time.time()), body.get("model", s.model)
         kind = "chat.completion" if chat else "text_completion"
         usage = _usage(len(tokens), n, cached)
         if not body.get("stream"):
-            if not await generating(request):
+            if not await generating(request, plan):
                 return Response(status_code=499)
             text = "".join(words)
             choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
@@ -237,8 +287,9 @@ def build_app(sim: SimWorker) -> Starlette:
                 sim.stats["completed" if done else "aborted"] += 1
 
         async def stream() -> AsyncIterator[bytes]:
+            loop = asyncio.get_running_loop()
             for i, word in enumerate(words):
-                await asyncio.sleep(s.delay_s / max(n, 1))
+                await asyncio.sleep(max(0.0, plan.token_at(i) - loop.time()))
                 piece: dict[str, Any] = {"index": 0, "finish_reason": "length" if i == n - 1 else None}
                 piece.update({"delta": {"role": "assistant", "content": word}} if chat else {"text": word})
                 chunk = {"id": rid, "object": f"{kind}.chunk" if chat else kind, "created": created,
@@ -267,8 +318,8 @@ def build_app(sim: SimWorker) -> Starlette:
         except (ValueError, KeyError, TypeError) as exc:
             return _error(400, f"bad request: {exc}")
         n = int((body.get("sampling_params") or {}).get("max_new_tokens", 16))
-        cached = sim.prefill(tokens)
-        if not await generating(request):
+        cached, plan = sim.admit(tokens, n)
+        if not await generating(request, plan):
             return Response(status_code=499)
         meta = {"id": sim.request_id(), "prompt_tokens": len(tokens), "completion_tokens": n, "cached_tokens": cached,
                 "finish_reason": {"type": "length", "length": n}}
@@ -277,8 +328,13 @@ def build_app(sim: SimWorker) -> Starlette:
     async def stats(_: Request) -> Response:
         return JSONResponse({"simulator": True, **sim.stats})
 
+    async def recent(_: Request) -> Response:
+        keys = ("prompt_tokens", "cached_tokens", "queued_s", "prefill_s", "step_s")
+        return JSONResponse({"simulator": True, "requests": [dict(zip(keys, r, strict=True)) for r in sim.recent]})
+
     routes = [
-        Route("/sim/stats", stats),  # the simulator's own, not an SGLang endpoint
+        Route("/sim/stats", stats),  # the simulator's own, not SGLang endpoints
+        Route("/sim/requests", recent),
         Route("/server_info", server_info),
         Route("/get_server_info", server_info),
         Route("/model_info", model_info),
