@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cacheon.runtime.adapters.boundary import SeamViolation, call_entry, patch_attribute
+from cacheon.runtime.boundary import SeamViolation, call_entry, patch_attribute
 
 
 def _fill(x, out):

@@ -13,7 +13,7 @@ import torch
 from cacheon.runtime import activation as act_mod
 from cacheon.runtime import plugin
 from cacheon.runtime.activation import ActivationError, activate
-from cacheon.runtime.adapters.boundary import SeamViolation
+from cacheon.runtime.boundary import SeamViolation
 from cacheon.runtime.receipts import read_receipts
 from tests.runtime.sglang_tier import EXAMPLES, sglang_or_skip
 

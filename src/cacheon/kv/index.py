@@ -186,7 +186,7 @@ class BlockIndex(Generic[S]):
             if col is None:
                 return set()
             bit, get = self._bits[col], self._holders.get
-            return {h for h in self._fifos[col] if get(h, 0) & bit}
+            return {h for h in self._stored[col] if get(h, 0) & bit}
 
     def __len__(self) -> int:
         """Distinct block ids held by any source."""

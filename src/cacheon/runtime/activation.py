@@ -20,7 +20,7 @@ from cacheon.bundle.admission import admit
 from cacheon.bundle.loader import load_entry
 from cacheon.errors import CacheonError
 from cacheon.runtime.adapters import NoAdapter, adapter_for
-from cacheon.runtime.adapters.boundary import ArmRequest, Disarm
+from cacheon.runtime.boundary import ArmRequest, Disarm
 from cacheon.runtime.collective import Claim, CollectiveAbort, GroupView, Probe, all_reduce_probe, enforce
 from cacheon.runtime.receipts import Receipt
 from cacheon.runtime.seams import seams_for_slot

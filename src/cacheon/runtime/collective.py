@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from cacheon.runtime.adapters.boundary import SeamViolation, call_entry
+from cacheon.runtime.boundary import SeamViolation, call_entry
 
 
 class CollectiveAbort(RuntimeError):

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from cacheon.runtime.adapters.boundary import ArmRequest, Disarm, call_entry, patch_attribute
+from cacheon.runtime.boundary import ArmRequest, Disarm, call_entry, patch_attribute
 from cacheon.runtime.collective import GroupView
 
 PIN = "0.5.13.post1"
