@@ -13,6 +13,7 @@ Without GitHub Actions, run it from cron, e.g. Mondays 09:00 UTC:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 from pathlib import Path
@@ -32,8 +33,17 @@ from cacheon.runtime.release_check import (
 from cacheon.runtime.seams import SEAMS
 
 
-def main() -> int:
-    url = index_url()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="check_sglang.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--index-url", default=index_url(),
+                        help="PyPI-style JSON API document for sglang (default: $CACHEON_SGLANG_INDEX_URL, else "
+                        "PyPI's: %(default)s)")
+    try:
+        url = parser.parse_args(argv).index_url
+    except SystemExit as stop:  # --help is 0; a usage error is 1 here, since 2 means the pin drifted
+        return 0 if stop.code == 0 else 1
     findings = [release_finding(SGLANG_PIN, lambda: latest_release(url))]
     with contextlib.redirect_stdout(sys.stderr):  # SGLang's import-time chatter is not an annotation
         report = run_canary(SGLANG_DIST, SGLANG_PIN, SEAMS)

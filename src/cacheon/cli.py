@@ -14,9 +14,10 @@ import importlib
 import os
 import sys
 import traceback
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from cacheon import __version__
+from cacheon.commands._args import HelpFormatter
 from cacheon.errors import CacheonError
 
 # command -> (module, one-line summary). Only the chosen command's module is imported, so
@@ -26,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "slots": ("cacheon.commands.slots", "list the registered slots and their ABI"),
     "scan": ("cacheon.commands.scan", "statically admit a bundle (AST and file-tree policy)"),
     "verify": ("cacheon.commands.verify", "verify a bundle against the trusted float64 references"),
+    "new": ("cacheon.commands.new", "write a starter bundle for a slot (manifest and a plain torch kernel)"),
     "package": ("cacheon.commands.package", "write a deterministic .tar.gz of a bundle and print its digest"),
     "identity": ("cacheon.commands.identity", "capture this host's runtime identity and its digest"),
     "preflight": ("cacheon.commands.preflight", "device readiness, static compatibility, what is left to prove"),
@@ -42,7 +44,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse exits 2 on a usage error; here 2 means "checked and failed", so use 1."""
+    """argparse exits 2 on a usage error; here 2 means "checked and failed", so use 1. Every
+    parser's help shows each option's default."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
@@ -75,7 +82,9 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(_selected(argv))
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the command's own parser, so its usage line is the one shown
+        _leaf(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
@@ -93,6 +102,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         return _one_line(args.command, exc, args.debug)
+
+
+def _leaf(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``args`` chose: ``cacheon evidence list``'s, not ``cacheon``'s."""
+    while True:
+        chooser = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = getattr(args, chooser.dest, None) if chooser is not None else None
+        if chooser is None or chosen not in chooser.choices:
+            return parser
+        parser = chooser.choices[chosen]
 
 
 def _one_line(command: str, exc: Exception, debug: bool) -> int:

@@ -375,12 +375,9 @@ def test_threshold_counts_distinct_trusted_keys(
     code, out, _ = run_cli("release", "verify", signed, "--key", keypair[1], "--key", second, "--threshold", "2", "--json")
     assert json.loads(out)["trusted_signers"] == sorted([keypair[1], second])
 
-    for argv, message in [
-        (("--key", keypair[1], "--key", keypair[1], "--threshold", "2"), "needs at least 2 distinct trusted keys; 1 given"),
-        (("--key", keypair[1], "--threshold", "0"), "--threshold must be at least 1"),
-    ]:
-        code, _, err = run_cli("release", "verify", signed, *argv)
-        assert code == 1 and message in err, err
+    # --threshold 0 is refused by the parser (tests/cli/test_hostile_input.py)
+    code, _, err = run_cli("release", "verify", signed, "--key", keypair[1], "--key", keypair[1], "--threshold", "2")
+    assert code == 1 and "needs at least 2 distinct trusted keys; 1 given" in err, err
 
 
 def test_verify_record_is_a_signature_check_not_a_serving_check(

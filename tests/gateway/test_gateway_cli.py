@@ -17,7 +17,6 @@ from cacheon.cli import main
          "no KV-event contract covers SGLang '0.5.17'"),
         (["sim", "worker", "--port", "1", "--kv-port", "2", "--sglang-version", "0.5.22", "--tokenizer", "t.json",
           "--fault", "gremlins"], "unknown fault 'gremlins'"),
-        (["demo", "--workers", "0"], "workers, sessions, turns and page size must be >= 1"),
         (["sim", "profile", "--out", "/proc/no-such-dir"], "cannot write the profile to /proc/no-such-dir"),
         (["sim", "worker", "--port", "1", "--kv-port", "2", "--sglang-version", "0.5.22", "--tokenizer",
           "missing.json"], "cannot read missing.json"),

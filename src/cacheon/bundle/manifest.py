@@ -47,6 +47,11 @@ class ManifestError(UsageError):
     pass
 
 
+def valid_bundle_id(text: str) -> bool:
+    """Whether ``text`` may name a bundle (lowercase letters, digits, ``.``, ``_``, ``-``; 64 at most)."""
+    return bool(_BUNDLE_ID.fullmatch(text))
+
+
 def load_manifest(bundle_dir: Path) -> Manifest:
     root = Path(bundle_dir)
     if not root.is_dir():

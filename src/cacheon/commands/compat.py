@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cacheon.commands._output import print_json
+from cacheon.commands._progress import Progress
 from cacheon.evidence.classes import COMPAT_SUBJECT, EvidenceClass
 from cacheon.evidence.record import add_record_arguments, record_from_cli
 from cacheon.runtime.canary import CanaryReport, run_canary
@@ -44,7 +45,8 @@ def emit_canary(
 ) -> int:
     """Run a canary, print it (table or JSON) and record it when asked; the exit code is the verdict."""
     # Upstream import-time chatter goes to stderr so that --json stays one document on stdout.
-    with contextlib.redirect_stdout(sys.stderr):
+    with Progress(f"{subject}: importing the installed package, checking it against its pin", quiet=args.json), \
+            contextlib.redirect_stdout(sys.stderr):
         report = canary()
         document = {"canary": report.to_json(), "environment": environment()} if args.json or args.record else None
     if args.json:

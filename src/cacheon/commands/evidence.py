@@ -10,6 +10,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from cacheon.commands._args import positive_int
 from cacheon.commands._output import add_subcommands, print_json
 from cacheon.errors import UsageError
 from cacheon.evidence import checkpoint, keys
@@ -42,11 +43,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     listing.set_defaults(handler=run_list)
 
     show = actions.add_parser("show", help="one record with its identity facts")
-    show.add_argument("record_id", type=int, metavar="ID")
+    show.add_argument("record_id", type=positive_int, metavar="ID", help="the record's number (#ID in `list`)")
     show.set_defaults(handler=run_show)
 
     correct = actions.add_parser("correct", help="supersede a record with a corrected outcome (append-only)")
-    correct.add_argument("record_id", type=int, metavar="ID")
+    correct.add_argument("record_id", type=positive_int, metavar="ID", help="the number of the record to supersede")
     correct.add_argument("--outcome", required=True, help="pass, fail, blocked or not_run")
     correct.add_argument("--reason", required=True, help="why the original record was wrong")
     correct.set_defaults(handler=run_correct)

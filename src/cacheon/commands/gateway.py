@@ -8,7 +8,9 @@ import contextlib
 import signal
 from pathlib import Path
 
-from cacheon.commands._output import add_subcommands
+import msgspec
+
+from cacheon.commands._output import add_subcommands, print_json
 
 ENV_HELP = ("Environment variables override config keys: CACHEON_GATEWAY_ and the key's path in capitals, __ between "
             "levels (CACHEON_GATEWAY_POLICY=rr, CACHEON_GATEWAY_ADMIN__TOKEN=...); values are read as YAML.")
@@ -31,7 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     check = gw.add_parser("check-config", help="validate a config file and its tokenization profiles",
                           description="Validate a config file (with its environment overrides) and load every "
                           "tokenization profile. " + ENV_HELP)
-    check.add_argument("config", type=Path)
+    check.add_argument("config", type=Path, help="YAML or TOML config file")
+    check.add_argument("--json", action="store_true",
+                       help="print the effective config (overrides applied, admin token redacted) as JSON")
     check.set_defaults(handler=_check)
 
 
@@ -43,6 +47,12 @@ def _check(args: argparse.Namespace) -> int:
     cfg = load(args.config)
     load_profiles(cfg)
     admin_token(cfg)
+    if args.json:
+        effective = msgspec.to_builtins(cfg, enc_hook=str)  # tokenizer paths (resolved against the file) as text
+        if effective["admin"].get("token") is not None:
+            effective["admin"]["token"] = "<redacted>"
+        print_json({"ok": True, "config": effective})
+        return 0
     print(f"ok: policy {cfg.policy}, {len(cfg.workers)} worker(s), {len(cfg.models)} model(s)")
     return 0
 

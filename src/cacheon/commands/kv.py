@@ -13,6 +13,7 @@ from typing import Any
 
 import zmq
 
+from cacheon.commands._args import non_negative_int, positive_float, positive_int
 from cacheon.commands._output import add_subcommands, print_json
 from cacheon.errors import UsageError
 from cacheon.kv import contracts
@@ -43,13 +44,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     which = listen.add_mutually_exclusive_group()
     which.add_argument("--contract", metavar="ID", help="decode under this contract id")
     which.add_argument("--sglang-version", metavar="V", help="decode under the contract covering version V")
-    listen.add_argument("--rank", type=int, default=0, metavar="N", help="DP rank (port offset), default 0")
+    listen.add_argument("--rank", type=non_negative_int, default=0, metavar="N", help="DP rank (port offset)")
     listen.add_argument("--replay", metavar="ENDPOINT", help="the worker's base replay (ROUTER) endpoint")
     listen.add_argument("--topic", default="", help="ZMQ topic prefix to subscribe to (default: all)")
     listen.add_argument(
-        "--count", type=int, default=1, metavar="N", help="stop after N batches (0: until --timeout or Ctrl-C)"
+        "--count", type=non_negative_int, default=1, metavar="N",
+        help="stop after N batches (0: until --timeout or Ctrl-C)"
     )
-    listen.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
+    listen.add_argument("--timeout", type=positive_float, metavar="S", help="give up after S seconds (default: wait)")
     listen.add_argument("--json", action="store_true", help="one JSON object per line")
     listen.set_defaults(handler=run_listen)
 
@@ -59,9 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Print SGLang's unsalted page-hash chain for the tokens' full pages, one signed int64 "
         "per line (bit-exact with get_hash_str/hash_str_to_int64 at the pin).",
     )
-    hash_.add_argument("--page-size", type=int, required=True, metavar="P")
+    hash_.add_argument("--page-size", type=positive_int, required=True, metavar="P",
+                       help="tokens per page, as the worker's --page-size")
     hash_.add_argument("tokens", nargs="*", metavar="TOKEN", help="token ids")
     hash_.add_argument("--tokens-file", type=Path, help="a JSON array or whitespace-separated token ids")
+    hash_.add_argument("--json", action="store_true", help="print {page_size, tokens, hashes} as JSON")
     hash_.set_defaults(handler=run_hash)
 
     listing = kv.add_parser("contracts", help="list the KV-event wire contracts")
@@ -120,14 +124,15 @@ def run_hash(args: argparse.Namespace) -> int:
         hashes = page_hashes(tokens, args.page_size)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    if args.json:
+        print_json({"page_size": args.page_size, "tokens": len(tokens), "hashes": hashes})
+        return 0
     for h in hashes:
         print(h)
     return 0
 
 
 def run_listen(args: argparse.Namespace) -> int:
-    if args.count < 0 or args.rank < 0:
-        raise UsageError("--count and --rank must be >= 0")
     if args.contract is not None:
         return _decode(args, contracts.by_id(args.contract))
     if args.sglang_version is not None:

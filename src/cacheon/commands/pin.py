@@ -26,25 +26,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     status = actions.add_parser("status", help="each gate as met / missing / failed, with its records")
     status.add_argument("--target", metavar="VERSION", help="SGLang version (default: this host's identity)")
     status.add_argument("--identity", metavar="DIGEST", help="only this identity (digest or unique prefix)")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--json", action="store_true", help="print the gates per identity as JSON")
     status.set_defaults(handler=run_status)
 
     plan = actions.add_parser("plan", help="the reviewed pin-bump procedure for a version, and what is left")
-    plan.add_argument("--to", required=True, metavar="VERSION")
-    plan.add_argument("--json", action="store_true")
+    plan.add_argument("--to", required=True, metavar="VERSION", help="the SGLang version to bump the pin to")
+    plan.add_argument("--json", action="store_true", help="print the procedure and what is left as JSON")
     plan.set_defaults(handler=run_plan)
 
     freeze = actions.add_parser("freeze", help="gate 1: capture this host as the candidate identity")
-    freeze.add_argument("--to", required=True, metavar="VERSION")
-    freeze.add_argument("--note", default="")
+    freeze.add_argument("--to", required=True, metavar="VERSION", help="the SGLang version this host runs as candidate")
+    freeze.add_argument("--note", default="", help="what was frozen, where its output lives")
+    freeze.add_argument("--json", action="store_true", help="print the recorded step as JSON")
     freeze.set_defaults(handler=run_step, step="freeze")
 
     step = actions.add_parser(
         "step", help="record a maintainer step (arena recalibration, identities, migration)"
     )
-    step.add_argument("step", choices=[k for k in STEP_KEYS if k != "freeze"])
-    step.add_argument("--to", required=True, metavar="VERSION")
+    step.add_argument("step", choices=[k for k in STEP_KEYS if k != "freeze"], help="the maintainer step done")
+    step.add_argument("--to", required=True, metavar="VERSION", help="the SGLang version the bump goes to")
     step.add_argument("--note", default="", help="what was done, where its output lives")
+    step.add_argument("--json", action="store_true", help="print the recorded step as JSON")
     step.set_defaults(handler=run_step)
 
     for action in (status, plan, freeze, step):
@@ -68,6 +70,14 @@ def run_status(args: argparse.Namespace) -> int:
 def run_plan(args: argparse.Namespace) -> int:
     ledger = open_verified_ledger(args.ledger)
     statuses = [evaluate(ledger, identity) for identity in candidates(ledger, args.to)]
+    if args.json:
+        print_json({
+            "target": args.to,
+            "gates": [{"number": g.number, "title": g.title, "run": g.how.replace("VERSION", args.to),
+                       "needs_gpu": g.needs_gpu} for g in GATES],
+            "identities": [_json(s) for s in statuses],
+        })
+        return 0
     print(f"pin bump to sglang {args.to}: each gate needs evidence under the candidate's exact identity")
     for gate in GATES:
         where = "needs a GPU host" if gate.needs_gpu else "any host of the identity"
@@ -88,6 +98,11 @@ def run_step(args: argparse.Namespace) -> int:
     identity = runtime_identity()
     with open_ledger(args.ledger, for_write=True) as ledger:
         record_id = record_step(ledger, identity, args.step, args.to, args.note)
+        path = ledger.path
+    if args.json:
+        print_json({"record": record_id, "step": args.step, "target": args.to, "identity": identity.digest,
+                    "ledger": str(path)})
+        return 0
     print(f"recorded #{record_id}: {args.step} for sglang {args.to} under identity {identity.digest}")
     return 0
 

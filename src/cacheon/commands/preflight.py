@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import cacheon
+from cacheon.commands._args import positive_int
 from cacheon.commands._output import print_json
+from cacheon.commands._progress import Progress
 from cacheon.evidence.classes import Outcome, outcome_from_exit
 from cacheon.runtime.identity import Identity, runtime_identity, summary
 
@@ -33,17 +35,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="device readiness, static compatibility, and what only live checks can prove",
         description="Exit 0 when a CUDA device is ready and the compat canary passes, 2 otherwise.",
     )
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--compat-timeout", type=int, default=900, metavar="SECONDS")
+    parser.add_argument("--json", action="store_true", help="print the three answers and the identity as JSON")
+    parser.add_argument("--compat-timeout", type=positive_int, default=900, metavar="SECONDS",
+                        help="how long the compat canary's child process may take before it counts as blocked")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    identity = runtime_identity()
+    with Progress("preflight: capturing the runtime identity", quiet=args.json) as progress:
+        identity = runtime_identity()
+        progress.update("preflight: running the compat canary in a child process")
+        static = static_compatibility(args.compat_timeout)
     report = {
         "identity": identity.to_json(),
         "device": device_readiness(identity),
-        "static_compatibility": static_compatibility(args.compat_timeout),
+        "static_compatibility": static,
         "behavioural": {
             "proven": False,
             "reason": "preflight runs no kernel and serves no model; only checks that do can prove behaviour",

@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from cacheon.commands._args import positive_int
+from cacheon.commands._files import existing_parent, written_whole
 from cacheon.commands._output import add_subcommands, print_json
 from cacheon.errors import UsageError
 from cacheon.evidence import keys, legacy, release, sbom
@@ -18,7 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = add_subcommands(parser, "action", "ACTION")
 
     keygen = actions.add_parser("keygen", help="write an Ed25519 key pair: PREFIX.key (0600) and PREFIX.pub")
-    keygen.add_argument("prefix", type=Path, metavar="PREFIX")
+    keygen.add_argument("prefix", type=Path, metavar="PREFIX",
+                        help="path without suffix: PREFIX.key and PREFIX.pub are written (neither may exist; "
+                        "a missing key directory is created)")
     keygen.set_defaults(handler=run_keygen)
 
     bom = actions.add_parser(
@@ -27,16 +31,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="One library component per installed distribution (importlib.metadata), CycloneDX 1.6 "
         "JSON. A release spec names it with `sbom = PATH`; build and verify check it against the identity.",
     )
-    bom.add_argument("--out", required=True, type=Path, metavar="FILE")
+    bom.add_argument("--out", required=True, type=Path, metavar="FILE", help="the SBOM file to write (must not exist)")
     bom.set_defaults(handler=run_sbom)
 
     build = actions.add_parser("build", help="build an unsigned release directory from a release.toml spec")
-    build.add_argument("--spec", required=True, type=Path)
-    build.add_argument("--out", required=True, type=Path, metavar="DIR")
+    build.add_argument("--spec", required=True, type=Path, help="the release.toml spec: artifacts, SBOM, identity")
+    build.add_argument("--out", required=True, type=Path, metavar="DIR",
+                       help="the release directory to create (absent or empty; its parent must exist)")
     build.set_defaults(handler=run_build)
 
     sign = actions.add_parser("sign", help="add this key's signature to a release (each key signs once)")
-    sign.add_argument("release_dir", type=Path, metavar="DIR")
+    sign.add_argument("release_dir", type=Path, metavar="DIR", help="a release directory from `release build`")
     sign.add_argument("--key", required=True, type=Path, help="private key file from `release keygen`")
     sign.set_defaults(handler=run_sign)
 
@@ -48,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "check is recorded (with --record) as release_signature evidence: it says the release is intact and "
         "signed, not that it serves.",
     )
-    verify.add_argument("release_dir", type=Path, metavar="DIR")
+    verify.add_argument("release_dir", type=Path, metavar="DIR", help="the release directory to check")
     verify.add_argument(
         "--key",
         "--public-key",
@@ -58,7 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="PUB",
         help="a trusted signer's public key, obtained out of band: 64 hex or a .pub file (repeatable)",
     )
-    verify.add_argument("--threshold", type=int, default=1, metavar="N", help="distinct trusted signers required")
+    verify.add_argument("--threshold", type=positive_int, default=1, metavar="N",
+                        help="distinct trusted signers required")
     verify.add_argument(
         "--legacy",
         action="store_true",
@@ -85,9 +91,10 @@ def run_keygen(args: argparse.Namespace) -> int:
 def run_sbom(args: argparse.Namespace) -> int:
     if args.out.exists():
         raise UsageError(f"{args.out} exists; refusing to overwrite an SBOM")
+    existing_parent(args.out)
     data = sbom.environment_sbom()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_bytes(data)
+    with written_whole(args.out) as temporary:
+        temporary.write_bytes(data)
     components = len(sbom.read(args.out))
     if args.json:
         print_json({"sbom": str(args.out), "components": components, "media_type": sbom.MEDIA_TYPE})
@@ -97,6 +104,7 @@ def run_sbom(args: argparse.Namespace) -> int:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    existing_parent(args.out)
     built = release.build(args.spec, args.out)
     if args.json:
         print_json(

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cacheon.commands._args import MAX_PORT, non_negative_float, non_negative_int, port, positive_int
 from cacheon.commands._output import add_subcommands
 from cacheon.errors import UsageError
 from cacheon.sim.tokenizer import BOS_TOKEN
@@ -33,15 +34,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     sim = add_subcommands(p, "sim_command")
     w = sim.add_parser("worker", help="serve one simulated worker (SIMULATOR: fake completions)")
-    w.add_argument("--port", type=int, required=True, help="HTTP port")
-    w.add_argument("--host", default="127.0.0.1")
-    w.add_argument("--kv-port", type=int, required=True, help="KV-event PUB port of DP rank 0 (rank r: +r)")
-    w.add_argument("--kv-replay-port", type=int, help="replay ROUTER port of rank 0 (rank r: +r)")
+    w.add_argument("--port", type=port, required=True, help="HTTP port")
+    w.add_argument("--host", default="127.0.0.1", help="HTTP address to bind")
+    w.add_argument("--kv-port", type=port, required=True, help="KV-event PUB port of DP rank 0 (rank r: +r)")
+    w.add_argument("--kv-replay-port", type=port, help="replay ROUTER port of rank 0 (rank r: +r)")
     w.add_argument("--sglang-version", required=True, help="the release whose wire (and publisher code) to use")
     w.add_argument("--releases-dir", type=Path, help=RELEASES_HELP)
-    w.add_argument("--page-size", type=int, default=1)
-    w.add_argument("--dp-size", type=int, default=1)
-    w.add_argument("--capacity-tokens", type=int, default=1 << 16)
+    w.add_argument("--page-size", type=positive_int, default=1, help="tokens per KV page (SGLang's --page-size)")
+    w.add_argument("--dp-size", type=positive_int, default=1, help="data-parallel ranks, each publishing its events")
+    w.add_argument("--capacity-tokens", type=positive_int, default=1 << 16, help="the KV cache size in tokens")
     w.add_argument("--model", default=DEFAULT_MODEL, help="served model name (default: %(default)s)")
     w.add_argument("--tokenizer", type=Path,
                    help="tokenizer.json (default: the built-in demo tokenizer, with its chat template and BOS "
@@ -51,15 +52,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--completions-bos", action="store_true", help="prepend BOS on /v1/completions, as some models do")
     w.add_argument("--prefix-cache", choices=("builtin", "sglang"), default="builtin",
                    help="builtin LRU radix cache, or the pinned SGLang's own RadixCache (imports torch: slow start)")
-    w.add_argument("--delay-ms", type=float, default=0.0,
-                   help="a flat simulated time per request, spread over its output tokens (default 0)")
-    w.add_argument("--prefill-us-per-token", type=float, default=0.0,
+    w.add_argument("--delay-ms", type=non_negative_float, default=0.0,
+                   help="a flat simulated time per request, spread over its output tokens")
+    w.add_argument("--prefill-us-per-token", type=non_negative_float, default=0.0,
                    help="simulated prefill time per prompt token not already cached, one prefill at a time "
-                   "per DP rank (default 0)")
-    w.add_argument("--decode-ms-per-token", type=float, default=0.0,
-                   help="simulated decode time per output token of each sequence (default 0)")
-    w.add_argument("--max-running-requests", type=int, default=0,
-                   help="sequences a DP rank runs at once; later arrivals queue in order (default 0: no bound)")
+                   "per DP rank")
+    w.add_argument("--decode-ms-per-token", type=non_negative_float, default=0.0,
+                   help="simulated decode time per output token of each sequence")
+    w.add_argument("--max-running-requests", type=non_negative_int, default=0,
+                   help="sequences a DP rank runs at once; later arrivals queue in order (0: no bound)")
     w.add_argument("--fault", help="lie in one way: " + ", ".join(_faults()))
     w.set_defaults(handler=_worker)
     ins = sim.add_parser("install-releases", help="unpack SGLang releases' wheels for the simulator's publishers",
@@ -133,8 +134,11 @@ def _worker(args: argparse.Namespace) -> int:
     for_version(args.sglang_version)  # only releases with a known wire
     if args.fault is not None and args.fault not in FAULTS:
         raise UsageError(f"unknown fault {args.fault!r} (known: {', '.join(FAULTS)})")
-    if args.page_size < 1 or args.dp_size < 1 or args.capacity_tokens < args.page_size:
-        raise UsageError("need page size >= 1, dp size >= 1 and capacity >= one page")
+    if args.capacity_tokens < args.page_size:
+        raise UsageError(f"--capacity-tokens {args.capacity_tokens} holds no page of {args.page_size} tokens")
+    top = max(args.kv_port, args.kv_replay_port or 0) + args.dp_size - 1
+    if top > MAX_PORT:
+        raise UsageError(f"--dp-size {args.dp_size}: the last rank's KV port would be {top}, above {MAX_PORT}")
     try:
         time_model = TimeModel(args.prefill_us_per_token / 1e6, args.decode_ms_per_token / 1e3,
                                args.max_running_requests, args.delay_ms / 1e3)

@@ -72,6 +72,21 @@ class Buffers:
     graph: GraphBackend | None = None
 
 
+def _returned(value: object) -> str:
+    """What an entry returned, in a few words: an entry that returns its result instead of writing
+    ``out`` is the most natural first mistake, and only this process sees the return value."""
+    if value is None:
+        return ""
+    try:
+        if isinstance(value, torch.Tensor):
+            return f"a tensor of shape {list(value.shape)} and dtype {str(value.dtype).removeprefix('torch.')}"
+        if isinstance(value, (tuple, list)):
+            return f"a {type(value).__name__} of {len(value)} value(s)"
+        return f"a {type(value).__name__}"
+    except BaseException:  # a candidate's object can raise from anything
+        return "a value that could not be described"
+
+
 def _traceback() -> str:
     try:
         return traceback.format_exc(limit=8)
@@ -133,18 +148,18 @@ class Session:
             poison.fill(tensor, msg.poison)
         self._sync()
 
-        def run() -> None:
+        def run() -> object:
             if not msg.refill:
                 self._prepare(buffers, msg.prepare)
-            self.entry(*self._args(buffers, msg))
+            return self.entry(*self._args(buffers, msg))
 
         return self._run(msg.seq, buffers, run, harness)
 
-    def _run(self, seq: int, buffers: Buffers, action: Callable[[], None], harness: list[str]) -> Reply:
-        """Run ``action`` (the candidate), then report the outputs and the layout checks."""
+    def _run(self, seq: int, buffers: Buffers, action: Callable[[], object], harness: list[str]) -> Reply:
+        """Run ``action`` (the candidate), then report the outputs, the layout checks and what it returned."""
         before = {n: _layout(t) for n, t in buffers.outputs.items()}
         try:
-            action()
+            returned = action()
             self._sync()
         except BaseException as exc:  # SystemExit and KeyboardInterrupt are the candidate's failures too
             return Raised(seq, describe(exc), _traceback())
@@ -156,7 +171,7 @@ class Session:
             elif after[1:4] != before[name][1:4]:
                 violations.append(f"output {name}: shape/stride/dtype changed from {before[name][1:4]} to {after[1:4]}")
         return Result(seq, channel.tensors_to_wire(buffers.outputs), channel.tensors_to_wire(buffers.inputs),
-                      violations, harness)
+                      violations, harness, _returned(returned))
 
     def capture(self, msg: Capture) -> Reply:
         """Capture one call over fixed buffers with the graph backend. An exception from the

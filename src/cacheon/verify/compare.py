@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 from cacheon.contract.spec import CompareMode, Tolerance
+from cacheon.verify.report import Mismatch
 from cacheon.verify.selection import compare_selection
 
 #: floor for the relative-error denominator, so exact zeros in the reference do not divide by zero
@@ -77,3 +79,45 @@ def _cosine(g: torch.Tensor, r: torch.Tensor, tol: Tolerance, max_abs: float, ma
     if abs(norm_ratio - 1.0) > tol.norm_rtol:
         problems.append(f"norm ratio {norm_ratio:.6f} outside 1±{tol.norm_rtol}")
     return Comparison(not problems, max_abs, max_rel, {"cosine": cos, "norm_ratio": norm_ratio}, "; ".join(problems))
+
+
+#: the fields of a Tolerance each comparator reads: what a FAIL shows as "the tolerance in force"
+BOUNDS: dict[str, tuple[str, ...]] = {
+    "allclose": ("atol", "rtol"),
+    "matched_ratio": ("atol", "rtol", "min_ratio"),
+    "cosine": ("min_cosine", "norm_rtol"),
+    "topk_overlap": ("topk", "min_ratio", "atol", "rtol"),
+}
+
+
+def bounds_in_force(mode: CompareMode, tol: Tolerance) -> dict[str, float]:
+    return {name: getattr(tol, name) for name in BOUNDS[mode]}
+
+
+def worst_elements(
+    name: str, mode: CompareMode, tol: Tolerance, got: torch.Tensor, ref: torch.Tensor, count: int = 3
+) -> list[Mismatch]:
+    """The ``count`` elements of output ``name`` furthest outside the tolerance.
+
+    Where the comparator bounds each element (allclose, matched_ratio) they are ranked by error over
+    what is allowed there, and only those beyond it count; otherwise by absolute error. Equal values
+    (equal infinities included) are no error; a non-finite value against a different one is an
+    infinite error."""
+    g = got.detach().to(device="cpu", dtype=torch.float64).flatten()
+    r = ref.detach().to(device="cpu", dtype=torch.float64).flatten()
+    if g.shape != r.shape or g.numel() == 0:
+        return []
+    same = (g == r) | (torch.isnan(g) & torch.isnan(r))
+    error = torch.where(same, 0.0, (g - r).abs().nan_to_num(nan=math.inf, posinf=math.inf))
+    per_element = mode in ("allclose", "matched_ratio")
+    allowed = tol.atol + tol.rtol * r.abs()
+    rank = (error / allowed).nan_to_num(nan=math.inf, posinf=math.inf) if per_element else error
+    rank = torch.where(same, 0.0, rank)
+    floor = 1.0 if per_element else 0.0  # an element within its bound is not "outside the tolerance"
+    values, flat = rank.topk(min(count, rank.numel()))
+    shape = tuple(got.shape)
+    return [
+        Mismatch(name, tuple(int(i) for i in torch.unravel_index(index, shape)), float(r[index]), float(g[index]),
+                 float(error[index]), float(allowed[index]) if per_element else None)
+        for value, index in zip(values.tolist(), flat, strict=True) if value > floor
+    ]

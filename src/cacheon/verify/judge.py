@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from cacheon.contract.inputs import Inputs, output_layout
 from cacheon.contract.spec import ShapeCase, SlotSpec
 from cacheon.verify import channel
-from cacheon.verify.compare import compare
+from cacheon.verify.compare import bounds_in_force, compare, worst_elements
 from cacheon.verify.messages import Raised, Reply, Result
+from cacheon.verify.report import Mismatch
 from cacheon.verify.untrusted import escape_controls, one_line
 
 
@@ -21,6 +22,9 @@ class Judgement:
     max_rel_err: float | None = None
     metric: dict[str, float] = field(default_factory=dict)
     detail: str = ""  # the candidate's traceback when it raised (shown with --debug only)
+    tolerance: dict[str, float] = field(default_factory=dict)  # the bounds the outputs were judged by
+    worst: list[Mismatch] = field(default_factory=list)  # of each output that failed its comparison
+    returned: str = ""  # the child's description of what the entry returned: a hint, never evidence
 
     @property
     def ok(self) -> bool:
@@ -40,12 +44,14 @@ def judge(
         inputs_after = channel.tensors_from_wire(reply.inputs_after)
     except channel.ChannelError as exc:
         return Judgement([f"the candidate process returned a malformed result ({exc})"])
-    result = Judgement([escape_controls(str(v)) for v in (*reply.harness, *reply.violations)])
+    result = Judgement([escape_controls(str(v)) for v in (*reply.harness, *reply.violations)],
+                       returned=one_line(reply.returned) if reply.returned else "")
     for name, original in expected_inputs.items():
         after = inputs_after.get(name)
         if after is None or after.shape != original.shape or not torch.equal(after, original):
             result.failures.append(f"input {name} was modified by the candidate (inputs are read-only)")
     tol = slot.comparator.tolerance(dtype)
+    result.tolerance = bounds_in_force(slot.comparator.mode, tol)
     for name, (shape, out_dtype) in output_layout(slot, case, dtype).items():
         got = outputs.get(name)
         if got is None or tuple(got.shape) != shape or got.dtype != out_dtype:
@@ -57,6 +63,7 @@ def judge(
         result.metric.update({f"{name}.{k}" if len(slot.outputs) > 1 else k: v for k, v in compared.metric.items()})
         if not compared.ok:
             result.failures.append(f"output {name}: {compared.detail}")
+            result.worst += worst_elements(name, slot.comparator.mode, tol, got, reference[name])
     return result
 
 
@@ -67,8 +74,13 @@ def judge_ranks(
     verdicts = [judge(slot, case, dtype, ranks[r], reference, reply) for r, reply in enumerate(replies)]
     if len(verdicts) == 1:
         return verdicts[0]
-    merged = Judgement([f"rank {r}: {f}" for r, v in enumerate(verdicts) for f in v.failures],
-                       detail=next((v.detail for v in verdicts if v.detail), ""))
+    failing = [(r, v) for r, v in enumerate(verdicts) if not v.ok]
+    merged = Judgement([f"rank {r}: {f}" for r, v in failing for f in v.failures],
+                       detail=next((v.detail for v in verdicts if v.detail), ""), tolerance=verdicts[0].tolerance,
+                       returned=next((f"{v.returned} on rank {r}" for r, v in enumerate(verdicts) if v.returned), ""))
+    if failing:  # the first failing rank's worst elements, named by rank
+        r, first = failing[0]
+        merged.worst = [replace(m, output=f"rank{r}.{m.output}") for m in first.worst]
     measured = [v for v in verdicts if v.max_abs_err is not None]
     if measured:
         worst = max(measured, key=lambda v: v.max_abs_err or 0.0)

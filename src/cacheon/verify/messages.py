@@ -97,6 +97,7 @@ class Result(msgspec.Struct, tag="result", frozen=True):
     inputs_after: dict[str, WireTensor]
     violations: list[str]  # layout checks made in the child: they can only make a verdict worse
     harness: list[str]  # problems of the harness itself (a refill that changed nothing)
+    returned: str = ""  # what the entry returned, described ("" for None): a hint for its author, never judged
 
 
 class Raised(msgspec.Struct, tag="raised", frozen=True):

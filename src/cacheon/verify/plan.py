@@ -77,6 +77,8 @@ class VerifyOptions:
     confinement: Confinement = Confinement.BUBBLEWRAP
     limits: Limits | None = None  # None: Limits.for_device(device)
     stability_calls: int = 1000
+    #: ``[SLOT:]ID`` of one eager case to run alone (an author iterating on a failure); None: all
+    case: str | None = None
 
     @property
     def graph_is_proof(self) -> bool:
@@ -97,9 +99,27 @@ class CaseKind(StrEnum):
     DRAWN = "drawn"  # a token count drawn from the lower half of the serving range
     SERVING = "serving"  # a token count drawn from the top of the serving range
 
+    @property
+    def seeded(self) -> bool:
+        """Whether the case's shape comes from the run seed (a registered one is fixed)."""
+        return self is not CaseKind.REGISTERED
+
+
+def case_id(dtype: str, kind: CaseKind, index: int) -> str:
+    """``float32/r2``: the dtype, the kind's initial and its index. Stable for a given run seed (a
+    drawn shape is drawn from it), so ``--seed S --case ID`` reruns exactly that case."""
+    return f"{dtype}/{kind.value[0]}{index}"
+
+
+def case_kind(case: str) -> CaseKind | None:
+    """The kind a case id (``[SLOT:]DTYPE/KI``) names; None when it names none."""
+    initial = case.rpartition(":")[2].partition("/")[2][:1]
+    return next((kind for kind in CaseKind if kind.value[0] == initial), None)
+
 
 @dataclass(frozen=True)
 class PlannedCase:
+    id: str  # case_id(): what --case names
     case: ShapeCase
     kind: CaseKind
     trials: int  # trial 0 fills fresh buffers; later trials refill them with new values
@@ -114,16 +134,17 @@ def eager_cases(slot: SlotSpec, dtype: str, seed: int) -> list[PlannedCase]:
     range with varied statistics: one below half of it, one in its top half."""
     planned: list[PlannedCase] = []
     for i, case in enumerate(slot.shapes):
-        planned.append(PlannedCase(case, CaseKind.REGISTERED, 2))
+        planned.append(PlannedCase(case_id(dtype, CaseKind.REGISTERED, i), case, CaseKind.REGISTERED, 2))
         jittered = jitter_case(slot, case, derive_seed(seed, slot.name, "jitter", i))
-        planned.append(PlannedCase(jittered, CaseKind.JITTER, 2))
+        planned.append(PlannedCase(case_id(dtype, CaseKind.JITTER, i), jittered, CaseKind.JITTER, 2))
     rng = random.Random(derive_seed(seed, slot.name, dtype, "draws"))
     half = max(1, slot.serving_tokens // 2)
     lower = min(half - 1, int(math.exp(rng.uniform(0.0, math.log(half))))) if half > 1 else 1
     top = rng.randint(half, slot.serving_tokens)
     for tokens, kind, trials in ((max(1, lower), CaseKind.DRAWN, 2), (top, CaseKind.SERVING, 1)):
         base = _base_for(slot, tokens, DRAWN_ELEMENT_BUDGET, rng)
-        planned.append(PlannedCase(with_tokens(slot, base, tokens), kind, trials, draw_statistics(slot, rng)))
+        planned.append(PlannedCase(case_id(dtype, kind, 0), with_tokens(slot, base, tokens), kind, trials,
+                                   draw_statistics(slot, rng)))
     return planned
 
 

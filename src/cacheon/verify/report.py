@@ -35,6 +35,31 @@ class GraphResult:
 
 
 @dataclass(frozen=True)
+class Mismatch:
+    """One of the elements furthest outside the tolerance: where, what the reference says, what came back."""
+
+    output: str  # the output's name (``rank1.out`` for a collective's rank)
+    index: tuple[int, ...]
+    expected: float
+    got: float
+    error: float  # |got - expected|; inf where one side is not finite and they differ
+    allowed: float | None  # atol + rtol * |expected| where the comparator bounds each element
+
+    def text(self) -> str:
+        where = f"{self.output}[{', '.join(map(str, self.index))}]"
+        bound = f" > allowed {self.allowed:.3g}" if self.allowed is not None else ""
+        return f"{where} expected {self.expected:.6g} got {self.got:.6g} (|err| {self.error:.3g}{bound})"
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON has no inf/NaN: a value that is not finite is written as its name (``"nan"``, ``"-inf"``)."""
+        return {k: _named(v) for k, v in asdict(self).items()} | {"index": list(self.index)}
+
+
+def _named(value: Any) -> Any:
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
+
+
+@dataclass(frozen=True)
 class CaseResult:
     stage: Stage
     dtype: str
@@ -47,18 +72,41 @@ class CaseResult:
     failures: tuple[str, ...] = ()
     note: str = ""  # how a drawn case's inputs were varied
     detail: str = ""  # the candidate's traceback when it raised: shown with --debug only
+    case_id: str = ""  # what --case names (eager and collective cases); "" elsewhere
+    tolerance: dict[str, float] = field(default_factory=dict)  # the comparator's bounds in force for this dtype
+    worst: tuple[Mismatch, ...] = ()  # on a FAIL: the elements furthest outside the tolerance
+    #: what the candidate's process says the entry returned (untrusted, a hint only): entries write ``out``
+    returned: str = ""
 
     def line(self, mode: str) -> str:
         status = "ok" if self.ok else "FAIL"
         errs = ""
         if self.max_abs_err is not None and math.isfinite(self.max_abs_err) and self.max_rel_err is not None:
             errs = f"max_abs={self.max_abs_err:.3e} max_rel={self.max_rel_err:.3e}"
-        text = f"  {self.stage.value:<10} {self.dtype:<8} {self.shape:<34} #{self.trial}  {errs:<36} {mode} {status}"
+        name = self.case_id or self.dtype
+        text = f"  {self.stage.value:<10} {name:<12} {self.shape:<34} #{self.trial}  {errs:<36} {mode} {status}"
         if self.note:
             text += f"  ({self.note})"
-        if self.failures:
-            text += "\n      " + "\n      ".join(f.splitlines()[0] if f else f for f in self.failures)
+        if not self.ok:
+            text += "".join(f"\n      {line}" for line in self.diagnosis(mode))
         return text
+
+    def diagnosis(self, mode: str) -> list[str]:
+        """Why a case failed, for its author: the failures, the bounds in force, the worst elements."""
+        lines = [f"the entry returned {self.returned} (as reported by the candidate's process): the harness "
+                 "ignores return values; write the result into the output tensor, e.g. out.copy_(result)"
+                 ] if self.returned else []
+        lines += [f.splitlines()[0] if f else f for f in self.failures]
+        if self.tolerance:
+            bounds = " ".join(f"{k}={v:g}" for k, v in self.tolerance.items())
+            measured = " ".join(f"{k}={v:.6g}" for k, v in self.metric.items())
+            lines.append(f"tolerance ({mode}, {self.dtype}): {bounds}" + (f"; measured {measured}" if measured else ""))
+        if self.worst:
+            lines.append("worst: " + "; ".join(m.text() for m in self.worst))
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "worst": [m.to_json() for m in self.worst]}
 
 
 @dataclass(frozen=True)
@@ -107,9 +155,13 @@ class OpReport:
         results = [s.graph for s in self.stages if s.graph is not None]
         return results[0] if results else GraphResult(GraphStatus.NOT_REQUIRED)
 
+    def first_failure(self) -> CaseResult | None:
+        return next((c for c in self.cases if not c.ok), None)
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["cases"] = [asdict(c) for c in self.cases]
+        data["stages"] = [{**asdict(s), "cases": [c.to_json() for c in s.cases]} for s in self.stages]
+        data["cases"] = [c.to_json() for c in self.cases]
         data["graph"] = asdict(self.graph)
         return data
 
@@ -125,6 +177,8 @@ class VerifyReport:
     environment: dict[str, Any]
     verdict: Verdict
     reason: str
+    #: ``--case``: the one case that ran; such a run is a check for the author, never a bundle's verdict
+    case: str | None = None
 
     def to_json(self, debug: bool = False) -> dict[str, Any]:
         """The report as JSON; tracebacks from the candidate's process only when ``debug``."""

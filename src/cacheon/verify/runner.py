@@ -21,7 +21,14 @@ from cacheon.errors import UsageError
 from cacheon.runtime.identity import runtime_identity
 from cacheon.verify import stages
 from cacheon.verify.launcher import CandidateGroup, ChildFailure, InfrastructureError
-from cacheon.verify.plan import DEFAULT_WORLD_SIZE, Confinement, VerifyOptions, draw_seed, stability_plan
+from cacheon.verify.plan import (
+    DEFAULT_WORLD_SIZE,
+    Confinement,
+    VerifyOptions,
+    draw_seed,
+    eager_cases,
+    stability_plan,
+)
 from cacheon.verify.report import CaseResult, GraphStatus, OpReport, Stage, StageResult, Verdict, VerifyReport, combine
 from cacheon.verify.sandbox import require_bubblewrap
 
@@ -87,11 +94,13 @@ def verify_bundle(
     if options.confinement is Confinement.BUBBLEWRAP:
         require_bubblewrap()
     run_seed = seed if seed is not None else options.seed if options.seed is not None else draw_seed()
+    chosen = chosen_ops(manifest, options, run_seed)
     declared = manifest.declared_files()
     threads = torch.get_num_threads()
     torch.set_num_threads(PARENT_THREADS)
     try:
-        ops = [_verify_op(Path(bundle_dir), declared, op, options, run_seed, progress) for op in manifest.ops]
+        ops = [_verify_op(Path(bundle_dir), declared, op, options, run_seed, progress, case)
+               for op, case in chosen]
     finally:
         torch.set_num_threads(threads)
     verdict, reason = combine(ops)
@@ -101,7 +110,39 @@ def verify_bundle(
     return VerifyReport(
         bundle_id=manifest.bundle_id, bundle_digest=digest, device=options.device, seed=run_seed,
         confinement=options.confinement.value, ops=ops, environment=env, verdict=verdict, reason=reason,
+        case=options.case,
     )
+
+
+def chosen_ops(manifest: Manifest, options: VerifyOptions, seed: int) -> list[tuple[OpEntry, str | None]]:
+    """Every op with no case chosen; with ``--case [SLOT:]ID``, the ops that have that case, each with
+    the case's id. An id no op has is a usage error that names the ids there are."""
+    if options.case is None:
+        return [(op, None) for op in manifest.ops]
+    slot_name, _, wanted = options.case.rpartition(":")
+    chosen: list[tuple[OpEntry, str | None]] = []
+    known: list[str] = []
+    for op in manifest.ops:
+        if slot_name and op.slot != slot_name:
+            continue
+        slot = _slot_for(op, options)
+        dtypes = _dtypes(slot, op, options.dtypes)
+        ids = [p.id for d in dtypes for p in eager_cases(slot, d, seed)]
+        kinds = " ".join(dict.fromkeys(i.partition("/")[2] for i in ids))
+        known.append(f"{op.slot}: DTYPE/KI, DTYPE in {', '.join(dtypes)}, KI in {kinds}")
+        if wanted in ids:
+            chosen.append((op, wanted))
+    if not chosen:
+        listed = "; ".join(known) or f"no op has slot {slot_name} (the bundle's: " + \
+            ", ".join(o.slot for o in manifest.ops) + ")"
+        raise UsageError(f"--case {options.case}: no such case; {listed}")
+    return chosen
+
+
+def _slot_for(op: OpEntry, options: VerifyOptions) -> SlotSpec:
+    """The op's slot as judged in this run: the model profile's specialisation where one is chosen."""
+    slot = get_slot(op.slot)
+    return apply_profile(slot, options.profile) if options.profile is not None else slot
 
 
 def _dtypes(slot: SlotSpec, op: OpEntry, requested: tuple[str, ...]) -> list[str]:
@@ -113,12 +154,12 @@ def _dtypes(slot: SlotSpec, op: OpEntry, requested: tuple[str, ...]) -> list[str
 
 def _verify_op(
     bundle_dir: Path, declared: tuple[str, ...], op: OpEntry, options: VerifyOptions, seed: int,
-    progress: Progress | None,
+    progress: Progress | None, case: str | None = None,
 ) -> OpReport:
-    slot = get_slot(op.slot)
-    if options.profile is not None:
-        slot = apply_profile(slot, options.profile)
+    slot = _slot_for(op, options)
     dtypes = _dtypes(slot, op, options.dtypes)
+    if case is not None:
+        dtypes = [case.partition("/")[0]]  # the case's own dtype: no other is planned
 
     def report(verdict: Verdict, reason: str, **rest: Any) -> OpReport:
         return OpReport(slot.name, op.entry, op.source, slot.comparator.mode, verdict, reason, **rest)
@@ -141,13 +182,13 @@ def _verify_op(
     with group:
         try:
             applied = {**group.boot(options.import_timeout), "world_size": str(world)}
-            _run_stages(stages.Run(slot, dtypes, options, seed, group, emit), done, emit)
+            _run_stages(stages.Run(slot, dtypes, options, seed, group, emit, case), done, emit)
             left = group.extra_processes()
         except ChildFailure as failure:
             return report("FAIL", f"candidate {failure.kind}: {failure.reason}", stages=tuple(done),
                           confinement=applied, candidate_output=group.output_tail(), detail=failure.detail)
         output = group.output_tail()
-    verdict, reason = _conclude(slot, done, left)
+    verdict, reason = _conclude(slot, done, left, case)
     detail = next((c.detail for s in done for c in s.cases if c.detail), "")
     return report(verdict, reason, stages=tuple(done), confinement=applied, candidate_output=output, detail=detail)
 
@@ -156,6 +197,8 @@ def _run_stages(run: stages.Run, done: list[StageResult], emit: Callable[[StageR
     """Eager (collective), graph (world 1), stability; a failed stage ends the op unless --keep-going."""
     keep_going = run.options.keep_going
     done.append(stages.eager(run))
+    if run.case is not None:  # one case, for its author: no graph or stability stage
+        return
     if run.world == 1:
         done.append(stages.graph(run, done[-1].ok))
     if not (keep_going or all(s.ok for s in done)):
@@ -169,17 +212,19 @@ def _run_stages(run: stages.Run, done: list[StageResult], emit: Callable[[StageR
     emit(done[-1])
 
 
-def _conclude(slot: SlotSpec, done: list[StageResult], left: int | None) -> tuple[Verdict, str]:
+def _conclude(slot: SlotSpec, done: list[StageResult], left: int | None, case: str | None) -> tuple[Verdict, str]:
     cases = [c for s in done for c in s.cases]
     failed = [c for c in cases if not c.ok]
     if failed:
         first = failed[0]
         return "FAIL", (
-            f"{len(failed)} of {len(cases)} judged calls failed; first: {first.stage.value} {first.dtype} "
-            f"{first.shape} #{first.trial}: {first.failures[0].splitlines()[0]}"
+            f"{len(failed)} of {len(cases)} judged calls failed; first: {first.stage.value} "
+            f"{first.case_id or first.dtype} {first.shape} #{first.trial}: {first.failures[0].splitlines()[0]}"
         )
     if left:
         return "FAIL", f"the candidate left {left} process(es) running in the sandbox (killed with it)"
+    if case is not None:
+        return "PASS", f"case {case} matched the float64 reference ({len(cases)} calls); only this case ran"
     graph = next((s.graph for s in done if s.graph is not None), None)
     if slot.requires_graph_proof() and (graph is None or graph.status is not GraphStatus.PASSED):
         return "NUMERICAL_PASS", f"numerics match on every case; CUDA-graph replay proof not run ({graph})"

@@ -47,6 +47,7 @@ class Run:
     seed: int
     group: CandidateGroup
     emit: Emit
+    case: str | None = None  # the one eager case to run (--case), by its id; None: every case
     _seq: int = field(default=0)
 
     @property
@@ -85,10 +86,11 @@ class Run:
 
 
 def case_result(
-    stage: Stage, dtype: str, case: ShapeCase, trial: int, verdict: Judgement, note: str = ""
+    stage: Stage, dtype: str, case: ShapeCase, trial: int, verdict: Judgement, note: str = "", case_id: str = ""
 ) -> CaseResult:
     return CaseResult(stage, dtype, case.label(), trial, verdict.ok, verdict.max_abs_err, verdict.max_rel_err,
-                      verdict.metric, tuple(verdict.failures), note, verdict.detail)
+                      verdict.metric, tuple(verdict.failures), note, verdict.detail, case_id,
+                      verdict.tolerance, tuple(verdict.worst), verdict.returned)
 
 
 def eager(run: Run) -> StageResult:
@@ -97,6 +99,8 @@ def eager(run: Run) -> StageResult:
     results: list[CaseResult] = []
     for dtype in run.dtypes:
         for planned in eager_cases(run.slot, dtype, run.seed):
+            if run.case is not None and planned.id != run.case:
+                continue
             case, label = planned.case, planned.case.label()
             ranks: list[Inputs] = []
             for trial in range(planned.trials):
@@ -107,7 +111,7 @@ def eager(run: Run) -> StageResult:
                 poison = run.poison(dtype, label, trial)
                 replies = run.group.exchange(run.calls(seq, EAGER_BUFFERS, case, dtype, ranks, trial > 0, poison), seq)
                 result = case_result(stage, dtype, case, trial, run.judge(case, dtype, ranks, replies),
-                                     planned.note())
+                                     planned.note(), planned.id)
                 results.append(result)
                 run.emit(result)
                 if not result.ok and not run.options.keep_going:

@@ -1,3 +1,10 @@
+"""Faithful MSA prefill block scores: causal with the prefix offset, scaled, ragged tail block.
+
+A starter written by `cacheon new`: the harness allocates every output and judges what this
+function writes into it (a return value is ignored). Replace the body with your kernel and rerun
+`cacheon verify` on the bundle; each case line names an id that `--case` reruns alone.
+"""
+
 import torch
 import torch.nn.functional as F
 
