@@ -16,11 +16,13 @@ run() {  # a check's own verdict is its record; a failing check must not stop th
 }
 
 run compat --record
-run chain-compat --record
+# The chain SDK lives beside the venv (scripts/install_chain_pin.sh), on PYTHONPATH for this check only.
+PYTHONPATH="$PWD/.chain/bittensor${PYTHONPATH:+:$PYTHONPATH}" run chain-compat --record
 # Negative controls for the pin-bump gate: a faithful bundle passes, a broken one fails.
 run verify examples/bundles/silu-torch --record --control faithful
 run verify examples/bundles/silu-broken-no-silu --record --control broken
-for bundle in rmsnorm-torch attention-torch decode-torch moe-torch allreduce-torch ar-rmsnorm-torch; do
+for bundle in rmsnorm-torch attention-torch decode-torch moe-torch allreduce-torch ar-rmsnorm-torch \
+        msa-block-torch msa-prefill-torch moe-reduce-torch moe-finalize-torch; do
     run verify "examples/bundles/$bundle" --record
 done
 "$CACHEON" evidence verify >&2
