@@ -108,8 +108,8 @@ def test_a_match_must_cover_enough_of_the_prompt_and_idle_ties_rotate() -> None:
     policy = Exact(index, ChainCache(), epsilon=0.25, min_prefix_blocks=1, min_match_ratio=0.5)
     workers = [_worker("a"), _worker("b"), _worker("c")]
     picks = [policy.choose(workers, tokens) for _ in range(3)]
-    assert {reason for _, reason, _ in picks} == {"fallback_shallow"}
-    assert {w.id for w, _, _ in picks} == {"a", "b", "c"}  # a burst onto an idle pool spreads out
+    assert {p.reason for p in picks} == {"fallback_shallow"}
+    assert {p.worker.id for p in picks} == {"a", "b", "c"}  # a burst onto an idle pool spreads out
     index.apply(("a", 0), [("store", page_hashes(tokens, 2)[:2])])  # now half the prompt
     assert policy.choose(workers, tokens)[:3] == (workers[0], "prefix_hit", 4)
 
@@ -117,7 +117,7 @@ def test_a_match_must_cover_enough_of_the_prompt_and_idle_ties_rotate() -> None:
 def test_approx_remembers_where_prefixes_went_within_its_bound() -> None:
     policy = Approx(epsilon=0.25, min_prefix_blocks=1, min_match_ratio=0, max_entries=4, chunk=2)
     a, b = _worker("a"), _worker("b")
-    first, reason, _ = policy.choose([a, b], [1, 2, 3, 4])
+    first, reason = policy.choose([a, b], [1, 2, 3, 4])[:2]
     assert reason == "fallback_miss"
     again = policy.choose([a, b], [1, 2, 3, 4, 5, 6])
     assert again[:3] == (first, "prefix_hit", 4)

@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import NamedTuple, Protocol
 
 from cacheon.gateway.config import GatewayConfig
+from cacheon.gateway.prediction import NoPrediction, Reuse, chain_prior
 from cacheon.gateway.workers import Worker, WorkerState
 from cacheon.kv.feed import Source
 from cacheon.kv.index import PrefixIndex
@@ -30,6 +31,9 @@ class Decision(NamedTuple):
     worker: Worker
     reason: RouteReason
     held: int  # prompt tokens the chosen worker holds (prefix policies)
+    # ``held`` is the worker's cached tokens as its engine will report them (exact, READY workers)
+    predicted: bool = False
+    refused: NoPrediction | None = None  # why nothing was predicted for this request on this worker
 
 
 class Policy(Protocol):
@@ -39,7 +43,8 @@ class Policy(Protocol):
     tokenizes: bool  # whether ``choose`` uses the prompt's tokens (the proxy skips tokenizing otherwise)
     attests: bool  # whether it routes on KV events, so workers must climb the attestation ladder
 
-    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision: ...
+    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None,
+               reuse: Reuse | None = None) -> Decision: ...
 
     def forget(self, worker_id: str) -> None:
         """A worker left the pool: drop what the policy keeps about it."""
@@ -100,7 +105,8 @@ class RoundRobin:
     def __init__(self) -> None:
         self._turn = itertools.count()
 
-    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision:
+    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None,
+               reuse: Reuse | None = None) -> Decision:
         return Decision(workers[next(self._turn) % len(workers)], RouteReason.ROUND_ROBIN, 0)
 
     def forget(self, worker_id: str) -> None:
@@ -118,24 +124,35 @@ class Exact(Prefix):
         super().__init__(epsilon, min_prefix_blocks, min_match_ratio)
         self.index, self.chains = index, chains
 
-    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision:
+    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None,
+               reuse: Reuse | None = None) -> Decision:
+        """``reuse``: the engine's cap on what it reuses of this prompt and its namespace (none: all of it)."""
         ready = [(w, w.discovery) for w in workers if w.state == WorkerState.READY and w.discovery is not None]
         if not ready or tokens is None:
             return Decision(least_loaded(workers, next(self._turns)), RouteReason.FALLBACK_NOT_READY, 0)
-        # One hash chain and one index query per page size in the pool (usually one).
-        by_size: dict[int, set[str]] = {}
+        reuse = reuse or Reuse(len(tokens))
+        # One hash chain and one index query per (page size, chain seed) in the pool (usually one).
+        groups: dict[tuple[int, bytes], set[str]] = {}
+        refused: dict[str, NoPrediction] = {}
         for w, found in ready:
-            by_size.setdefault(found.page_size, set()).add(w.id)
+            prior = chain_prior(w.contract_id or "", reuse)
+            if isinstance(prior, NoPrediction):
+                refused[w.id] = prior
+            else:
+                groups.setdefault((found.page_size, prior), set()).add(w.id)
         held: dict[str, int] = {}
         counted: set[str] = set()
-        for size, ids in by_size.items():
+        for (size, prior), ids in groups.items():
             needed = self.needed(len(tokens) // size)
-            for (source, _rank), depth in self.index.longest_prefix(self.chains.chain(tokens, size)).items():
+            chain = self.chains.chain(tokens, size, prior)[: reuse.limit // size]
+            for (source, _rank), depth in self.index.longest_prefix(chain).items():
                 if source in ids and depth * size > held.get(source, 0):
                     held[source] = depth * size
                     if depth >= needed:
                         counted.add(source)
-        return self.pick([w for w, _ in ready], held, counted)
+        chosen = self.pick([w for w, _ in ready], held, counted)
+        wid = chosen.worker.id
+        return chosen._replace(held=held.get(wid, 0), predicted=wid not in refused, refused=refused.get(wid))
 
 
 class Approx(Prefix):
@@ -163,7 +180,8 @@ class Approx(Prefix):
             keys.append(key)
         return keys
 
-    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision:
+    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None,
+               reuse: Reuse | None = None) -> Decision:
         if tokens is None:
             return Decision(least_loaded(workers, next(self._turns)), RouteReason.FALLBACK_MISS, 0)
         keys = self._keys(tokens)
@@ -178,14 +196,14 @@ class Approx(Prefix):
                 depths[wid] = depth
             alive &= holders
         needed = self.needed(len(keys))
-        worker, reason, held = self.pick(workers, {w: d * self.chunk for w, d in depths.items()},
-                                         {w for w, d in depths.items() if d >= needed})
+        decision = self.pick(workers, {w: d * self.chunk for w, d in depths.items()},
+                             {w for w, d in depths.items() if d >= needed})
         for key in keys:
-            self._nodes.setdefault(key, set()).add(worker.id)
+            self._nodes.setdefault(key, set()).add(decision.worker.id)
             self._nodes.move_to_end(key)
         while len(self._nodes) > self.max_entries:
             self._nodes.popitem(last=False)
-        return Decision(worker, reason, held)
+        return decision
 
     def forget(self, worker_id: str) -> None:
         for holders in self._nodes.values():
