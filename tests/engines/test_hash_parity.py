@@ -20,7 +20,12 @@ from tests.engines.conftest import serve
 from tests.engines.server import RELEASES, EngineSpec
 
 # Qwen2 on one release, Llama elsewhere: both families a real server loads from the tiny-model tool.
-SPECS = [EngineSpec(r, p, "qwen2" if r == "0.5.19" else "llama") for r in RELEASES for p in (1, 16)]
+# Ordered so the pool (two live servers) ends on the pin and 0.5.23 at page 16, the two wire families
+# the gateway tier (test_real_gateway.py) routes over next: no boot of their own.
+_FIRST = ("0.5.13.post1", 1)
+_LAST = [("0.5.13.post1", 16), ("0.5.23", 16)]
+_ORDER = [_FIRST, *sorted({(r, p) for r in RELEASES for p in (1, 16)} - {_FIRST, *_LAST}), *_LAST]
+SPECS = [EngineSpec(r, p, "qwen2" if r == "0.5.19" else "llama") for r, p in _ORDER]
 
 
 @pytest.fixture(scope="module", params=SPECS, ids=lambda s: s.label)
