@@ -124,7 +124,7 @@ def test_the_adapter_fired_in_the_scheduler_process_not_the_launcher(activation)
 def test_the_proof_is_recorded_as_cpu_serving_activation_under_the_server_identity(activation) -> None:
     _, _, identity, ledger_path, record_id = activation
     with Ledger.open(ledger_path, create=False) as ledger:
-        record = ledger.record(record_id)
+        record = ledger.verified().record(record_id)
     assert record.evidence_class == "cpu_serving_activation"
     assert record.outcome == "pass"
     assert record.identity_digest == identity.digest
