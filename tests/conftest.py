@@ -61,6 +61,7 @@ def profile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return write_profile(tmp_path_factory.mktemp("tok"))
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: -p no:xdist still runs the suite
 def pytest_xdist_make_scheduler(config, log):
     """xdist's ``load``, except that tests/engines runs on one worker (its tests share real servers)."""
     from tests.engines.scheduling import EnginesOnOneWorker

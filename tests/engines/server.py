@@ -106,17 +106,18 @@ class EngineSpec:
 class KvFeed:
     """Every frame the server's ZMQ publisher sends, collected by a SUB from before the first request.
 
-    Releases whose KV-events config has a ``bind`` field bind their publisher (``"bind": true``) and
-    the SUB connects; the others connect to any non-wildcard endpoint, so the SUB binds it first.
+    The publisher always binds (``"bind": true`` where the release has the field, a wildcard endpoint
+    where it does not: those releases connect to any other), so the SUB connects, and so can any
+    other subscriber, a gateway's included.
     """
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, *, subscriber_binds: bool) -> None:
+    def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
         self.endpoint = endpoint
         self.frames: list[tuple[bytes, int, bytes]] = []  # (topic, seq, payload)
         self._sub = ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.SUBSCRIBE, b"")
         self._sub.setsockopt(zmq.LINGER, 0)
-        (self._sub.bind if subscriber_binds else self._sub.connect)(endpoint)
+        self._sub.connect(endpoint)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"kv-feed {endpoint}", daemon=True)
@@ -169,9 +170,12 @@ class EngineServer:
     process: subprocess.Popen[bytes]
     log_path: Path
     receipt_dir: Path
+    command: list[str] = field(default_factory=list)
     startup_s: float = 0.0
     rss_mib: float = 0.0
-    env: dict[str, str] = field(default_factory=dict)
+    restarts: int = 0
+    run_frames: int = 0  # where the current process's frames start in ``feed`` (a restart publishes from seq 0)
+    env: dict[str, str] = field(default_factory=dict)  # what the launch sets on top of the environment
     ctx: zmq.Context = field(default_factory=zmq.Context.instance)
     replayed: set[int] = field(default_factory=set)
 
@@ -246,7 +250,7 @@ class EngineServer:
         except OSError:
             return "(no log)"
 
-    def stop(self) -> None:
+    def kill(self) -> None:
         """SIGTERM the whole process group (launcher, scheduler, detokenizer), SIGKILL what is left."""
         try:
             pgid = os.getpgid(self.process.pid)
@@ -262,6 +266,20 @@ class EngineServer:
                     break
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
+
+    def restart(self) -> None:
+        """Kill the server and start the same command again, on the same ports (a worker restart as
+        an operator or a crash loop causes it). The KV feed stays connected: ZMQ reconnects it."""
+        self.kill()
+        self.run_frames = self.feed.mark()
+        started = time.monotonic()
+        self.process = _launch(self.command, self.env, self.log_path)
+        _wait_healthy(self, started)
+        self.startup_s = time.monotonic() - started
+        self.restarts += 1
+
+    def stop(self) -> None:
+        self.kill()
         self.feed.close()
 
 
@@ -292,20 +310,23 @@ def tree_rss_mib(pid: int) -> float:
     return total / 2**20
 
 
+SERVED_MODEL_NAME = "tiny"  # every server, whatever its release: a gateway routes one model over several
+
+
 def start_server(spec: EngineSpec, workdir: Path, ctx: zmq.Context, model: dict[str, Any]) -> EngineServer:
     """Launch and wait for ``/health``; a server that dies or hangs fails with its log tail."""
     facts = release_table()[spec.release]
     port, kv_port, replay_port = free_port(), free_port(), free_port()
-    kv_endpoint = f"tcp://127.0.0.1:{kv_port}"
     kv_config: dict[str, Any] = {
         "publisher": "zmq",
-        "endpoint": kv_endpoint,
         "replay_endpoint": f"tcp://127.0.0.1:{replay_port}",
         "topic": TOPIC,
     }
     if facts["kv_events_bind_field"]:
-        kv_config["bind"] = True
-    feed = KvFeed(ctx, kv_endpoint, subscriber_binds=not facts["kv_events_bind_field"])
+        kv_config.update(endpoint=f"tcp://127.0.0.1:{kv_port}", bind=True)
+    else:  # these releases bind only a wildcard endpoint (and connect to any other)
+        kv_config["endpoint"] = f"tcp://*:{kv_port}"
+    feed = KvFeed(ctx, f"tcp://127.0.0.1:{kv_port}")
     receipts = workdir / "receipts"
     receipts.mkdir(parents=True, exist_ok=True)
     # Each venv builds SGLang's native hash extension into its own directory: releases share the
@@ -318,6 +339,7 @@ def start_server(spec: EngineSpec, workdir: Path, ctx: zmq.Context, model: dict[
     command = [
         str(venv_python(spec.release)), "-W", "ignore", "-m", "sglang.launch_server",
         "--model-path", model["path"],
+        "--served-model-name", SERVED_MODEL_NAME,
         "--device", "cpu",
         "--attention-backend", "torch_native",
         # dtype "auto" serves a float32 checkpoint as float16; float32 keeps a faithful fp32 kernel exact.
@@ -333,14 +355,9 @@ def start_server(spec: EngineSpec, workdir: Path, ctx: zmq.Context, model: dict[
     ]  # fmt: skip
     log_path = workdir / "server.log"
     started = time.monotonic()
-    with log_path.open("wb") as log:
-        child_env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHEON_BUNDLE", "CACHEON_RECEIPT"))}
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env={**child_env, **env}, start_new_session=True, cwd=workdir
-        )
     server = EngineServer(
-        spec, model, f"http://127.0.0.1:{port}", kv_endpoint, kv_config["replay_endpoint"], feed, process,
-        log_path, receipts, env=env, ctx=ctx,
+        spec, model, f"http://127.0.0.1:{port}", feed.endpoint, kv_config["replay_endpoint"], feed,
+        _launch(command, env, log_path), log_path, receipts, command=command, env=env, ctx=ctx,
     )  # fmt: skip
     try:
         _wait_healthy(server, started)
@@ -348,8 +365,17 @@ def start_server(spec: EngineSpec, workdir: Path, ctx: zmq.Context, model: dict[
         server.stop()
         raise
     server.startup_s = time.monotonic() - started
-    server.rss_mib = tree_rss_mib(process.pid)
+    server.rss_mib = tree_rss_mib(server.process.pid)
     return server
+
+
+def _launch(command: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """The server in a session of its own (so its whole process group can be stopped), logging to
+    ``log_path``; ``env`` on top of this process's environment, less any bundle arming of its own."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("CACHEON_BUNDLE", "CACHEON_RECEIPT"))}
+    with log_path.open("ab") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**inherited, **env},
+                                start_new_session=True, cwd=log_path.parent)
 
 
 def _wait_healthy(server: EngineServer, started: float) -> None:

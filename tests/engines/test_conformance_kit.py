@@ -3,8 +3,8 @@ published, replayed without a server. Fast; part of every run.
 
 Each file must decode under its release's wire contract, and Cacheon's ``page_hashes`` must give
 exactly the block ids the engine published, for every stored page and every request's full pages.
-Salted chains are namespaced by the releases that put the salt on the wire; their ids are kept as
-known answers for the prediction that refuses them today.
+Salted chains are predicted from the salt's seed where the release's contract declares it
+(``SaltedIds.SEEDED``); at the pin they are the plain chain, which is why the gateway refuses them there.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from cacheon.kv.contracts import for_version
+from cacheon.kv.contracts import CONTRACTS, SaltedIds, for_version
 from cacheon.kv.events import BlockStored
-from cacheon.kv.hashing import page_hashes
+from cacheon.kv.hashing import page_hashes, salt_seed
 from cacheon.kv.wire import WireDecoder
 from tests.engines import captures, kit
 from tests.engines.server import RELEASES
@@ -27,6 +27,17 @@ FILES = [kit.kit_path(release, page) for release in RELEASES for page in kit.PAG
 def test_the_kit_covers_every_release_at_both_page_sizes() -> None:
     missing = [str(p.relative_to(kit.KIT.parent.parent.parent)) for p in FILES if not p.is_file()]
     assert not missing, f"re-record with scripts/record_engine_captures.py: {missing}"
+
+
+def test_a_contract_claims_a_real_engine_exactly_where_the_kit_holds_its_captures() -> None:
+    """`cacheon kv contracts` says REAL ENGINE for a release only while this kit proves it (both page
+    sizes, replayed by the tests below), and every release the kit proves is claimed."""
+    claimed = {v for c in CONTRACTS for v in c.engine_proven}
+    recorded = {release for release in RELEASES
+                if all(kit.kit_path(release, page).is_file() for page in kit.PAGE_SIZES)}
+    assert claimed == recorded
+    for c in CONTRACTS:
+        assert set(c.engine_proven) <= set(c.versions), c.id
 
 
 @pytest.fixture(params=FILES, ids=lambda p: p.stem)
@@ -66,11 +77,15 @@ def test_every_request_full_pages_have_the_published_ids(capture) -> None:
     for step in capture["steps"]:
         tokens = step["input_ids"]
         assert len(step["published"]) == len(tokens) // page, step["name"]
-        predicted = page_hashes(tokens, page)
-        if step["cache_salt"] is None or not step["salt_on_wire"]:
-            assert step["published"] == predicted, step["name"]
-        else:  # a salted chain starts from a namespace seed: never the unsalted ids
-            assert not set(step["published"]) & set(predicted), step["name"]
+        plain = page_hashes(tokens, page)
+        if step["cache_salt"] is None:
+            assert step["published"] == plain, step["name"]
+        elif for_version(capture["release"]).salted_ids is SaltedIds.SEEDED:
+            assert step["salt_on_wire"]
+            assert step["published"] == page_hashes(tokens, page, salt_seed(step["cache_salt"])), step["name"]
+            assert not set(step["published"]) & set(plain), step["name"]  # control: never the plain ids
+        else:
+            assert not step["salt_on_wire"] and step["published"] == plain, step["name"]
 
 
 def test_one_changed_token_changes_every_later_id(capture) -> None:

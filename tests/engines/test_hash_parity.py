@@ -12,15 +12,20 @@ import base64
 
 import pytest
 
-from cacheon.kv.contracts import for_version
-from cacheon.kv.hashing import page_hashes
+from cacheon.kv.contracts import SaltedIds, for_version
+from cacheon.kv.hashing import page_hashes, salt_seed
 from cacheon.kv.wire import WireDecoder
 from tests.engines import captures
 from tests.engines.conftest import serve
 from tests.engines.server import RELEASES, EngineSpec
 
 # Qwen2 on one release, Llama elsewhere: both families a real server loads from the tiny-model tool.
-SPECS = [EngineSpec(r, p, "qwen2" if r == "0.5.19" else "llama") for r in RELEASES for p in (1, 16)]
+# Ordered so the pool (two live servers) ends on the pin and 0.5.23 at page 16, the two wire families
+# the gateway tier (test_real_gateway.py) routes over next: no boot of their own.
+_FIRST = ("0.5.13.post1", 1)
+_LAST = [("0.5.13.post1", 16), ("0.5.23", 16)]
+_ORDER = [_FIRST, *sorted({(r, p) for r in RELEASES for p in (1, 16)} - {_FIRST, *_LAST}), *_LAST]
+SPECS = [EngineSpec(r, p, "qwen2" if r == "0.5.19" else "llama") for r, p in _ORDER]
 
 
 @pytest.fixture(scope="module", params=SPECS, ids=lambda s: s.label)
@@ -82,23 +87,18 @@ def test_a_repeated_prompt_reuses_every_full_page_but_never_its_last_token(run) 
     assert repeat["cached_tokens"] == (repeat["prompt_tokens"] - 1) // page * page
 
 
-# Measured from each release's source (docs/sglang-hashing-facts.md): the pin keeps cache_salt in the
-# radix key's namespace but hashes pages without it; from 0.5.18 salted chains start from a seed.
-SALT_NAMESPACES_IDS = {"0.5.13.post1": False, "0.5.19": True, "0.5.23": True}
-
-
-def test_salted_blocks_are_namespaced_exactly_where_the_release_says(run) -> None:
+def test_salted_blocks_are_predicted_from_the_seed_exactly_where_the_contract_declares_it(run) -> None:
+    """The pin keeps cache_salt in the radix key's namespace but hashes pages without it (and puts no
+    salt on the wire); from 0.5.18 a salted chain starts from ``salt_seed`` (docs/sglang-hashing-facts.md)."""
     server, capture, pages = run
     salted = next(s for s in capture.steps if s["cache_salt"] is not None)
-    ids = captures.engine_chain(pages, salted["input_ids"], capture.page_size, salt=_wire_salt(server))
+    seeded = for_version(server.spec.release).salted_ids is SaltedIds.SEEDED
+    ids = captures.engine_chain(pages, salted["input_ids"], capture.page_size,
+                                salt=salted["cache_salt"] if seeded else None)
     plain = page_hashes(salted["input_ids"], capture.page_size)
     assert len(ids) == len(plain), "the salted prompt's pages were not all published"
-    if SALT_NAMESPACES_IDS[server.spec.release]:
+    if seeded:
+        assert ids == page_hashes(salted["input_ids"], capture.page_size, salt_seed(salted["cache_salt"]))
         assert not set(ids) & set(plain), "salted ids collide with the unsalted chain"
     else:
         assert ids == plain
-
-
-def _wire_salt(server) -> str | None:
-    """Releases from 0.5.18 carry the salt on the wire; the pin does not."""
-    return captures.SALT if SALT_NAMESPACES_IDS[server.spec.release] else None

@@ -162,3 +162,17 @@ def test_operations_merge_runs_and_skip_host_tiers() -> None:
 def test_unknown_contract_id_is_a_usage_error() -> None:
     with pytest.raises(Exception, match="unknown KV-event contract"):
         by_id("sglang-kv-rank-v9")
+
+
+def test_wide_token_ids_decode_only_where_a_release_publishes_them() -> None:
+    """0.5.23 hashes a page holding an id past u32 wide and publishes the id as it is; Cacheon indexes
+    the page (its id is the engine's) but never predicts one, since no vocabulary reaches u32."""
+    wide = {**MAP_STORED, "token_ids": [2**40]}
+    decoder = DECODERS["sglang-kv-rank-v4"]
+    assert "0.5.23" in decoder.contract.wide_token_versions
+    assert operations(decoder.decode(enc([1.0, [wide], 0]), 0).events) == ([("store", [1], None)], 0)
+    for contract_id, data in (("sglang-kv-rank-v3", enc([1.0, [wide], 0])),  # control: u32 before 0.5.22
+                              ("sglang-kv-rank-v4", enc([1.0, [{**wide, "token_ids": [2**63]}], 0]))):
+        with pytest.raises(WireReject) as rejected:
+            DECODERS[contract_id].decode(data, 0)
+        assert rejected.value.reason == DECODE_ERROR

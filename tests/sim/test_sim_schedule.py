@@ -74,9 +74,9 @@ def test_kv_events_go_out_when_the_simulated_prefill_ends_in_order() -> None:
     async def run() -> None:
         sim, recorder = _worker(TimeModel(prefill_s_per_token=2e-4))
         tokens = list(range(400))  # 100 pages: 80 ms of prefill
-        cached, first = sim.admit(tokens, 4)
+        cached, first = sim.admit(tokens, 4, len(tokens), 0)
         assert cached == 0 and recorder.sent == []  # the prefill has not run yet
-        cached, second = sim.admit(tokens + list(range(1000, 1040)), 4)  # shares 400 tokens, queues behind it
+        cached, second = sim.admit(tokens + list(range(1000, 1040)), 4, 440, 0)  # shares 400 tokens, queues behind it
         assert cached == 400 and second.prefill_start == pytest.approx(first.prefill_end)
         await asyncio.sleep(second.prefill_end - asyncio.get_running_loop().time() + 0.01)
         (t1, _, stored1, _), (t2, _, stored2, _) = recorder.sent
@@ -91,8 +91,8 @@ def test_kv_events_go_out_when_the_simulated_prefill_ends_in_order() -> None:
 def test_a_rank_with_a_short_prefill_does_not_publish_another_ranks_early() -> None:
     async def run() -> None:
         sim, recorder = _worker(TimeModel(prefill_s_per_token=2e-4), dp_size=2)
-        long = sim.admit(list(range(800)), 1)[1]  # rank 0: 160 ms
-        short = sim.admit(list(range(5000, 5008)), 1)[1]  # rank 1: 1.6 ms
+        long = sim.admit(list(range(800)), 1, 800, 0)[1]  # rank 0: 160 ms
+        short = sim.admit(list(range(5000, 5008)), 1, 8, 1)[1]  # rank 1: 1.6 ms
         await asyncio.sleep(short.prefill_end - asyncio.get_running_loop().time() + 0.01)
         assert [rank for _, rank, _, _ in recorder.sent] == [1]
         await asyncio.sleep(long.prefill_end - asyncio.get_running_loop().time() + 0.01)

@@ -98,10 +98,12 @@ def run_contracts(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"contracts": [c.describe() for c in registry]})
         return 0
-    print(f"{'CONTRACT':<20}{'SGLANG':<24}{'ENCODING':<14}{'REPLAY':<11}{'HASHES':<10}PROMOTION")
+    print(f"{'CONTRACT':<20}{'SGLANG':<24}{'ENCODING':<14}{'REPLAY':<11}{'HASHES':<10}{'REAL ENGINE':<14}PROMOTION")
     for c in registry:
         hashes = "checked" if c.hash_checked else "declared"
-        print(f"{c.id:<20}{', '.join(c.versions):<24}{c.encoding:<14}{c.replay_framing:<11}{hashes:<10}{c.promotion}")
+        proven = ", ".join(c.engine_proven) or "-"
+        print(f"{c.id:<20}{', '.join(c.versions):<24}{c.encoding:<14}{c.replay_framing:<11}{hashes:<10}{proven:<14}"
+              f"{c.promotion}")
         print(f"{'':<20}{c.summary}")
     return 0
 

@@ -27,6 +27,9 @@ from cacheon.kv.feed import Delivery
 from cacheon.tokens.profile import TokenizerProfile
 
 _TOKENIZE_KEYS = {"tokens", "count", "max_model_len"}
+# SpeculativeAlgorithm.is_eagle() in every release here (NEXTN is an alias of EAGLE: spec_registry
+# _RESERVED_ALIASES): the radix cache then runs with is_eagle and hashes (token, next token) pairs.
+BIGRAM_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "FROZEN_KV_MTP", "NEXTN"})
 Echo = tuple[int, int, tuple[int, ...]]  # block id, rank, the page's tokens
 Hasher = Callable[[Sequence[int], int], list[int]]  # tokens, page size -> block ids
 
@@ -100,6 +103,10 @@ def check_identity(worker: Worker, found: Discovery, cfg: GatewayConfig) -> str:
         raise Fence(FenceReason.IDENTITY_MISMATCH, f"worker serves {found.model!r}, which has no tokenization profile")
     if found.kv_port is None:
         raise Fence(FenceReason.ENGINE_GEOMETRY_MISMATCH, "the worker publishes no KV events")
+    if found.speculative is not None and found.speculative.upper() in BIGRAM_ALGORITHMS:
+        raise Fence(FenceReason.HASH_SCHEME_UNSUPPORTED,
+                    f"speculative {found.speculative} keys cache pages by token bigrams, which {contract.id} "
+                    "does not declare (its events would publish token pairs and ids no plain chain predicts)")
     for name, configured, actual in (
         ("page size", spec.page_size, found.page_size),
         ("KV event port base", spec.kv_port, found.kv_port),

@@ -264,4 +264,5 @@ class Fleet:
             "origin": w.origin,
             "last_seq": w.last_seq(),
             "rejects": w.feed_totals().as_dict()["rejects"],
+            "precision": w.precision.as_dict(),
         }

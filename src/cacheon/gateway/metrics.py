@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from cacheon.gateway.precision import Match, Precision
 from cacheon.gateway.workers import WorkerState
 from cacheon.kv.feed import FeedCounters
 from cacheon.tokens.chains import ChainCache
@@ -38,6 +39,7 @@ class WorkerView:
     digest: str | None  # the index digest (hex); None while not subscribed
     feeds: FeedCounters
     event_lag_s: float | None  # now - the newest accepted batch's timestamp; None before one
+    precision: Precision
 
 
 Workers = Callable[[], Iterable[WorkerView]]
@@ -67,7 +69,25 @@ class _WorkerCollector:
                                    "(equal across replicas with the same view)", labels=["worker"])
         lag = GaugeMetricFamily("cacheon_kv_event_lag_seconds", "now - timestamp of the newest accepted batch "
                                 "(publisher clock)", labels=["worker"])
+        scored = CounterMetricFamily("cacheon_prediction_scored", "answered requests whose predicted cached tokens "
+                                     "were compared with the engine's report, by match", labels=["worker", "match"])
+        predicted = CounterMetricFamily("cacheon_predicted_cached_tokens", "cached prompt tokens predicted, "
+                                        "over scored requests", labels=["worker"])
+        reported = CounterMetricFamily("cacheon_reported_cached_tokens", "cached prompt tokens the engine "
+                                       "reported, over scored requests", labels=["worker"])
+        unreported = CounterMetricFamily("cacheon_prediction_unreported", "predicted requests whose answer "
+                                         "carried no cached-token count", labels=["worker"])
+        refusals = CounterMetricFamily("cacheon_prediction_refusals", "answered requests nothing was predicted "
+                                       "for, by reason", labels=["worker", "reason"])
         for w in self._workers():
+            p = w.precision
+            for match in Match:
+                scored.add_metric([w.id, match], p.scored[match])
+            predicted.add_metric([w.id], p.predicted_tokens)
+            reported.add_metric([w.id], p.reported_tokens)
+            unreported.add_metric([w.id], p.unreported)
+            for refusal, n in sorted(dict(p.refusals).items()):  # a copy: the loop may add a reason meanwhile
+                refusals.add_metric([w.id, refusal], n)
             for k in _KV:
                 kv[k].add_metric([w.id], getattr(w.feeds, k))
             for reason, n in sorted(w.feeds.rejects.items()):
@@ -82,7 +102,8 @@ class _WorkerCollector:
             if w.event_lag_s is not None:
                 lag.add_metric([w.id], w.event_lag_s)
         yield from kv.values()
-        yield from (rejects, state, in_flight, up, blocks, digest, lag)
+        yield from (rejects, state, in_flight, up, blocks, digest, lag, scored, predicted, reported, unreported,
+                    refusals)
 
 
 class _TokenCacheCollector:

@@ -11,6 +11,7 @@ from enum import StrEnum
 from typing import Any, NamedTuple, Protocol
 
 from cacheon.gateway.config import GatewayConfig
+from cacheon.gateway.prediction import NoPrediction, Reuse, chain_prior
 from cacheon.gateway.workers import Worker, WorkerState
 from cacheon.kv.feed import Source
 from cacheon.kv.index import PrefixIndex
@@ -32,6 +33,9 @@ class Decision(NamedTuple):
     reason: RouteReason
     held: int  # prompt tokens the chosen worker holds (prefix policies)
     ticket: Any = None  # what the policy keeps about this request until ``released`` (exact's ``InFlight``)
+    # ``held`` is the worker's cached tokens as its engine will report them (exact, READY workers)
+    predicted: bool = False
+    refused: NoPrediction | None = None  # why nothing was predicted for this request on this worker
 
 
 class Policy(Protocol):
@@ -41,7 +45,8 @@ class Policy(Protocol):
     tokenizes: bool  # whether ``choose`` uses the prompt's tokens (the proxy skips tokenizing otherwise)
     attests: bool  # whether it routes on KV events, so workers must climb the attestation ladder
 
-    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision: ...
+    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None,
+               reuse: Reuse | None = None) -> Decision: ...
 
     def released(self, decision: Decision) -> None:
         """The request ``decision`` routed has ended (answered, failed, or the client left)."""
@@ -108,7 +113,8 @@ class RoundRobin:
     def __init__(self) -> None:
         self._turn = itertools.count()
 
-    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision:
+    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None,
+               reuse: Reuse | None = None) -> Decision:
         return Decision(workers[next(self._turn) % len(workers)], RouteReason.ROUND_ROBIN, 0)
 
     def released(self, decision: Decision) -> None:
@@ -226,20 +232,35 @@ class Exact:
         self._turns = itertools.count()
         self._flying: dict[str, list[InFlight]] = {}  # worker -> the requests routed there, not yet released
 
-    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision:
+    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None,
+               reuse: Reuse | None = None) -> Decision:
+        """``reuse``: the engine's cap on what it reuses of this prompt and its namespace (none: all of it)."""
         ready = [(w, w.discovery) for w in workers if w.state == WorkerState.READY and w.discovery is not None]
         if not ready or tokens is None:
             return Decision(least_loaded(workers, next(self._turns)), RouteReason.FALLBACK_NOT_READY, 0)
+        reuse = reuse or Reuse(len(tokens))
         n, now = len(tokens), self.clock()
         self.mean_prompt += (n - self.mean_prompt) * (0.02 if self.mean_prompt else 1.0)
-        # One hash chain and one index query per page size in the pool (usually one).
-        chains: dict[int, list[int]] = {}
+        # One hash chain per (page size, chain seed) in the pool (usually one), and one index query of
+        # it cut at what the engine may reuse; a worker is credited only with its own group's match.
+        groups: dict[str, tuple[int, bytes]] = {}
+        refused: dict[str, NoPrediction] = {}
+        for w, found in ready:
+            prior = chain_prior(w.contract_id or "", reuse)
+            if isinstance(prior, NoPrediction):
+                refused[w.id] = prior
+            else:
+                groups[w.id] = (found.page_size, prior)
+        chains: dict[tuple[int, bytes], list[int]] = {}  # the whole prompt's chain (the in-flight ticket's)
+        usable: dict[tuple[int, bytes], list[int]] = {}  # cut at the engine's reuse limit
         held: dict[str, int] = {}
-        for _, found in ready:
-            if found.page_size not in chains:
-                chain = chains[found.page_size] = self.chains.chain(tokens, found.page_size)
-                for (source, _rank), depth in self.index.longest_prefix(chain).items():
-                    held[source] = max(held.get(source, 0), depth * found.page_size)
+        for group in dict.fromkeys(groups.values()):
+            size, prior = group
+            chain = chains[group] = self.chains.chain(tokens, size, prior)
+            cut = usable[group] = chain[: reuse.limit // size]
+            for (source, _rank), depth in self.index.longest_prefix(cut).items():
+                if groups.get(source) == group:
+                    held[source] = max(held.get(source, 0), depth * size)
         line = self.runtimes.line()
         # Per worker: the prefix it holds (index, or in-flight overlay), prefill queued, slot wait.
         views: list[tuple[Worker, int, int, float, float]] = []
@@ -249,8 +270,8 @@ class Exact:
             flying = self._flying.get(w.id, ())
             if flying:
                 queued = self._queued(w.id, flying)
-                chain = chains[found.page_size]
-                common = [(p.shared(chain) * p.page, p.prefilling) for p in flying if p.page == found.page_size]
+                cut = usable.get(groups.get(w.id, (0, b"")), [])
+                common = [(p.shared(cut) * p.page, p.prefilling) for p in flying if p.page == found.page_size]
                 shared = max(shared, max((c for c, _ in common), default=0))
                 if self.overlay:
                     have = max(have, max((c for c, prefilling in common if prefilling), default=0))
@@ -274,10 +295,11 @@ class Exact:
         reason = (RouteReason.FALLBACK_MISS if not deepest else
                   RouteReason.PREFIX_HIT if chosen_held == deepest else RouteReason.FALLBACK_OVERLOAD)
         page = chosen.discovery.page_size  # type: ignore[union-attr]  # READY workers are discovered
-        ticket = InFlight(chosen.id, chains[page], page, n - chosen_held, queued_there + n - chosen_held, now,
-                          free_there)
+        chosen_group = groups.get(chosen.id)
+        ticket = InFlight(chosen.id, chains[chosen_group] if chosen_group else [], page, n - chosen_held,
+                          queued_there + n - chosen_held, now, free_there)
         self._flying.setdefault(chosen.id, []).append(ticket)
-        return Decision(chosen, reason, chosen_held, ticket)
+        return Decision(chosen, reason, chosen_held, ticket, chosen.id not in refused, refused.get(chosen.id))
 
     def _queued(self, worker: str, flying: Sequence[InFlight]) -> int:
         """Uncached tokens still to prefill on ``worker``; a request is past its prefill once the
@@ -339,7 +361,8 @@ class Approx(Prefix):
             keys.append(key)
         return keys
 
-    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None) -> Decision:
+    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None,
+               reuse: Reuse | None = None) -> Decision:
         if tokens is None:
             return Decision(least_loaded(workers, next(self._turns)), RouteReason.FALLBACK_MISS, 0)
         keys = self._keys(tokens)

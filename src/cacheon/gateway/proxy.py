@@ -28,6 +28,8 @@ from cacheon.gateway.fleet import Fleet
 from cacheon.gateway.http import JSON_HEADERS, TRANSPORT_ERRORS
 from cacheon.gateway.metrics import Metrics
 from cacheon.gateway.policy import Decision, Policy, RouteReason
+from cacheon.gateway.precision import StreamTail, reported_cached
+from cacheon.gateway.prediction import NoPrediction, Reuse, plain_content, reuse_of
 from cacheon.gateway.tracing import Tracing
 from cacheon.gateway.workers import Worker
 from cacheon.tokens.profile import TokenizerProfile
@@ -36,6 +38,7 @@ log = logging.getLogger("cacheon.access")
 _HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"}
 _json = msgspec.json.Encoder()
 CLIENT_GONE = 499  # nginx's code for a client that closed the connection first
+U32_IDS = 1 << 32  # no vocabulary reaches it; a token id at or past a model's vocabulary crashes SGLang's scheduler
 
 
 class Refusal(StrEnum):
@@ -82,6 +85,7 @@ class Outcome:
     endpoint: str
     request_id: str
     started: float  # perf_counter at arrival
+    kind: str = "completion"  # completion, chat or generate: where the engine reports its cached tokens
     model: str | None = None
     stream: bool = False
     prompt_tokens: int | None = None  # as the gateway tokenized it (None: not tokenized)
@@ -92,6 +96,8 @@ class Outcome:
     failures: list[str] = field(default_factory=list)  # "worker: why" per failed attempt
     first_chunk: float | None = None  # perf_counter of a stream's first upstream chunk
     error: str | None = None  # how a stream ended early, if it did
+    refusal_reason: NoPrediction | None = None  # why nothing about this request's cache can be predicted
+    tail: StreamTail | None = None  # a stream's last counting event, for scoring the prediction
     span: Any = None  # the trace span, when tracing is on
 
 
@@ -118,7 +124,7 @@ class Proxy:
         self._series: dict[tuple[str, ...], Any] = {}
 
     async def handle(self, request: web.Request, path: str, kind: str) -> web.StreamResponse:
-        outcome = Outcome(path, request_id(request), time.perf_counter())
+        outcome = Outcome(path, request_id(request), time.perf_counter(), kind)
         if self.tracing is not None:
             outcome.span = self.tracing.start(f"{request.method} {path}", request.headers, outcome.request_id)
         try:
@@ -155,6 +161,8 @@ class Proxy:
             if o.first_chunk is not None:
                 self._child("ttft", worker, model, route).observe(o.first_chunk - o.started)
         predicted = o.decisions[0].held if o.decisions else None
+        if last is not None and 200 <= status < 300:
+            self._score(o, last)
         if log.isEnabledFor(logging.INFO):
             log.info(f"POST {o.endpoint} {status}", extra={"fields": {
                 "request_id": o.request_id, "endpoint": o.endpoint, "model": o.model, "stream": o.stream,
@@ -167,6 +175,23 @@ class Proxy:
         if o.span is not None and self.tracing is not None:
             self.tracing.finish(o.span, status=status, route=route, worker=worker, model=o.model,
                                 predicted_cached_tokens=predicted, attempts=len(o.decisions), error=o.error)
+
+    def _score(self, o: Outcome, answered: Decision) -> None:
+        """The answering worker's prediction against the cached tokens its engine reports."""
+        precision = answered.worker.precision
+        if answered.refused is not None:
+            precision.refused(answered.refused)
+            return
+        if not answered.predicted:
+            return
+        found = answered.worker.discovery
+        body = o.tail.last if o.tail is not None else getattr(o.response, "body", None)
+        reported = None if body is None or not isinstance(body, bytes) else reported_cached(
+            o.kind, body, found is None or found.cache_report)
+        if reported is None:
+            precision.unreported += 1
+        else:
+            precision.score(answered.held, reported, o.request_id)
 
     def _child(self, metric: str, *labels: str) -> Any:
         """``metrics.<metric>.labels(*labels)``, looked up once per label set."""
@@ -227,7 +252,7 @@ class Proxy:
             prompt = body.get("input_ids") if kind == "generate" and "input_ids" in body else body.get(
                 "text" if kind == "generate" else "prompt")
             if isinstance(prompt, list) and all(type(t) is int for t in prompt):
-                return prompt
+                return _in_vocabulary(prompt, profile.vocab_size)
             if isinstance(prompt, str):
                 return profile.encode(prompt) if kind == "generate" else profile.encode_completion(prompt)
         except UsageError as exc:
@@ -257,20 +282,23 @@ class Proxy:
         if not isinstance(stream, bool):
             raise _bad(f"'stream' must be a boolean, got {_kind(stream)}")
         outcome.stream = stream
-        tokens = self.tokens(kind, body, model)
-        outcome.prompt_tokens = None if tokens is None else len(tokens)
+        tokens, reuse = self._prompt(kind, body, model, outcome)
         upstream = {**JSON_HEADERS, "x-request-id": outcome.request_id}
         if outcome.span is not None and self.tracing is not None:
             self.tracing.inject(outcome.span, upstream)
         tried: set[str] = set()
         last: web.Response | None = None  # the last upstream 5xx, returned if no worker is left to try
         while pool := self.fleet.pool(model, tried):
-            decision = self._pick(pool, tokens, first=not tried)
+            decision = self._pick(pool, tokens, reuse, outcome.refusal_reason, first=not tried)
             outcome.decisions.append(decision)
             worker = decision.worker
             tried.add(worker.id)
             ours = {"x-cacheon-worker": worker.url, "x-cacheon-route": f"{self.policy.name}:{decision.reason}",
                     "x-request-id": outcome.request_id}
+            if decision.predicted:
+                ours["x-cacheon-predicted-cached-tokens"] = str(decision.held)
+            elif decision.refused is not None:
+                ours["x-cacheon-prediction-refused"] = decision.refused
             worker.in_flight += 1  # from the decision on: the next arrival of a burst must see it
             try:
                 if stream:
@@ -287,10 +315,30 @@ class Proxy:
         why = f" (tried {'; '.join(outcome.failures)})" if outcome.failures else ""
         raise Rejected(Refusal.NO_WORKER, 503, f"no healthy worker can take this request{why}", "service_unavailable")
 
-    def _pick(self, pool: list[Worker], tokens: list[int] | None, first: bool) -> Decision:
+    def _prompt(self, kind: str, body: dict[str, Any], model: str | None,
+                outcome: Outcome) -> tuple[list[int] | None, Reuse | None]:
+        """The prompt's tokens and what the engine may reuse of them; None where nothing can be predicted."""
+        if kind == "chat" and isinstance(body.get("messages"), list) and not plain_content(body["messages"]):
+            self.tokens(kind, body, None)  # still checks the messages' shape
+            outcome.refusal_reason = NoPrediction.CONTENT_PARTS if self.policy.tokenizes else None
+            return None, None
+        tokens = self.tokens(kind, body, model)
+        if tokens is None:
+            return None, None
+        outcome.prompt_tokens = len(tokens)
+        reuse = reuse_of(kind, body, len(tokens))
+        if reuse.refusal is not None:
+            outcome.refusal_reason = reuse.refusal
+            return None, reuse
+        return tokens, reuse
+
+    def _pick(self, pool: list[Worker], tokens: list[int] | None, reuse: Reuse | None,
+              refusal: NoPrediction | None, first: bool) -> Decision:
         """The policy's choice for a first attempt; the least-loaded untried worker for a retry."""
         if first:
-            decision = self.policy.choose(pool, tokens)
+            decision = self.policy.choose(pool, tokens, reuse)
+            if refusal is not None:
+                decision = decision._replace(refused=refusal)
             self.metrics.prefix_hit_tokens.inc(decision.held)
         else:
             decision = Decision(min(pool, key=lambda w: w.in_flight), RouteReason.RETRY, 0)
@@ -339,6 +387,8 @@ class Proxy:
         try:  # closing an unfinished upstream response aborts that request on the worker
             await out.prepare(request)
             chunks = resp.content.iter_any()
+            # Only a prediction is scored against the stream's last counting event (Proxy._score).
+            tail = outcome.tail = StreamTail() if outcome.decisions[-1].predicted else None
             while True:
                 try:
                     chunk = await chunks.__anext__()
@@ -350,6 +400,8 @@ class Proxy:
                     break
                 if outcome.first_chunk is None:
                     outcome.first_chunk = time.perf_counter()
+                if tail is not None:
+                    tail.feed(chunk)
                 await out.write(chunk)
             await out.write_eof()
         except ConnectionResetError:  # the client left while we wrote to it
@@ -357,6 +409,18 @@ class Proxy:
         finally:
             resp.close()
         return out
+
+
+def _in_vocabulary(prompt: list[int], vocab_size: int | None) -> list[int]:
+    """A token-id prompt whose ids a worker can embed, or Rejected: one id at or past the model's
+    vocabulary makes SGLang's scheduler fail and the whole server exit (measured on 0.5.13.post1
+    and 0.5.23, docs/sglang-hashing-facts.md). Past u32 no vocabulary reaches, whatever the model."""
+    bound = vocab_size or U32_IDS
+    if prompt and (min(prompt) < 0 or max(prompt) >= bound):
+        bad = next(t for t in prompt if not 0 <= t < bound)
+        where = f"the model's vocabulary [0, {vocab_size})" if vocab_size else "[0, 2**32)"
+        raise _bad(f"prompt token id {bad} is outside {where}")
+    return prompt
 
 
 def _bad(message: str) -> Rejected:

@@ -70,7 +70,8 @@ class Gateway:
             lag = w.feeds.lag_s() if w.feeds is not None else None
             views.append(WorkerView(w.id, w.state, w.in_flight, w.healthy and now >= w.open_until, w.draining,
                                     self.fleet.indexed_blocks(w), self.fleet.digest(w),
-                                    w.feeds.totals() if w.feeds is not None else FeedCounters(), lag))
+                                    w.feeds.totals() if w.feeds is not None else FeedCounters(), lag,
+                                    w.precision))
         return views
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:

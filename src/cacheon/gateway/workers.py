@@ -15,6 +15,7 @@ import aiohttp
 from cacheon.gateway.config import WorkerSpec
 from cacheon.gateway.feeds import WorkerFeeds
 from cacheon.gateway.http import CallError, get_json
+from cacheon.gateway.precision import Precision
 from cacheon.kv.feed import FeedCounters
 
 log = logging.getLogger("cacheon.gateway")
@@ -42,6 +43,7 @@ class FenceReason(StrEnum):
     CHALLENGE_TIMEOUT = "challenge_timeout"
     CHALLENGE_FAILED = "challenge_failed"
     CONTRACT_REJECT = "contract_reject"
+    HASH_SCHEME_UNSUPPORTED = "hash_scheme_unsupported"  # e.g. EAGLE's bigram keys: no contract declares them
     REATTEST = "reattest"  # a READY worker while its ladder runs again
 
 
@@ -56,6 +58,8 @@ class Discovery:
     kv_port: int | None  # None: the worker publishes no KV events
     replay_port: int | None = None  # rank 0's replay ROUTER port, from the server args; None: no replay
     max_running: int | None = None  # sequences one DP rank runs at once, as the scheduler reports it
+    cache_report: bool = True  # --enable-cache-report: OpenAI usage carries cached_tokens (absent: assumed on)
+    speculative: str | None = None  # --speculative-algorithm (EAGLE variants key pages by token bigrams)
 
 
 class DiscoveryError(Exception):
@@ -80,6 +84,8 @@ async def discover(client: aiohttp.ClientSession, url: str, timeout_s: float) ->
             kv_port=int(kv["endpoint_port_base"]) if kv else None,
             replay_port=_replay_port(info.get("kv_events_config")) if kv else None,
             max_running=_max_running(info),
+            cache_report=info.get("enable_cache_report") is not False,
+            speculative=str(info["speculative_algorithm"]) if info.get("speculative_algorithm") else None,
         )
     except (CallError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DiscoveryError(f"{url}: cannot discover the worker: {exc}") from None
@@ -134,6 +140,7 @@ class Worker:
     seen_resets: int = 0
     seen_rejects: int = 0
     origin: str = "config"  # config, admin, or dns:NAME (workers a DNS name stops returning are removed)
+    precision: Precision = field(default_factory=Precision)
 
     @property
     def url(self) -> str:

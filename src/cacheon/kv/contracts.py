@@ -52,9 +52,21 @@ class ReplayFraming(StrEnum):
     TOPIC_SEQ = "topic-seq"
 
 
-# SGLang's unsalted page-hash chain (cacheon.kv.hashing). Salted, adapter-namespaced
-# and EAGLE bigram stores publish other ids, which a gateway indexes but cannot predict.
+# SGLang's page-hash chain (cacheon.kv.hashing). What each contract's releases do beyond the plain
+# chain is declared below (salt, wide ids); EAGLE bigram keys are declared by none (docs/sglang-hashing-facts.md).
 HASH_BINDING = "sglang-page-sha256-v1"
+
+
+class SaltedIds(StrEnum):
+    """What a salted request's (``cache_salt``) pages are published as.
+
+    ``unsalted``: the plain chain, though the engine keeps them in a namespace of their own (the pin:
+    the salt is in the radix key, not in the hash), so no id tells a salted page from a plain one.
+    ``seeded``: the chain starts from ``hashing.salt_seed(salt)`` (0.5.18 and later).
+    """
+
+    UNSALTED = "unsalted"
+    SEEDED = "seeded"
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,14 @@ class WireContract:
     hash_checked: bool
     promotion: Promotion
     summary: str
+    salted_ids: SaltedIds
+    # Releases that hash a page holding an id past u32 wide (0xff || u64 LE) and publish such ids;
+    # the others fail the request instead. Cacheon indexes wide pages but never predicts one.
+    wide_token_versions: tuple[str, ...] = ()
+    # Releases whose real servers (on CPU, tests/engines) published exactly the ids page_hashes
+    # predicts, plain and salted, at page 1 and 16; their captures are the conformance kit
+    # (tests/fixtures/engines), replayed in the fast suite.
+    engine_proven: tuple[str, ...] = ()
 
     @property
     def stored(self) -> type[BlockStored]:
@@ -99,6 +119,9 @@ class WireContract:
             "hash_binding": self.hash_binding,
             "hash_checked": self.hash_checked,
             "promotion": self.promotion,
+            "salted_ids": self.salted_ids,
+            "wide_token_versions": list(self.wide_token_versions),
+            "engine_proven": list(self.engine_proven),
             "summary": self.summary,
         }
 
@@ -113,6 +136,8 @@ CONTRACTS: tuple[WireContract, ...] = (
         hash_checked=True,
         promotion=Promotion.CANDIDATE,
         summary="tagged arrays, one BlockStored per page; per-rank ports base+rank",
+        salted_ids=SaltedIds.UNSALTED,
+        engine_proven=("0.5.13.post1",),
     ),
     WireContract(
         id="sglang-kv-rank-v2",
@@ -123,6 +148,8 @@ CONTRACTS: tuple[WireContract, ...] = (
         hash_checked=False,
         promotion=Promotion.CANDIDATE,
         summary="tagged arrays; salted stores append a {cache_salt} map; pages coalesce per event",
+        salted_ids=SaltedIds.SEEDED,
+        engine_proven=("0.5.19",),
     ),
     WireContract(
         id="sglang-kv-rank-v3",
@@ -133,6 +160,7 @@ CONTRACTS: tuple[WireContract, ...] = (
         hash_checked=False,
         promotion=Promotion.CANDIDATE,
         summary="tagged maps {type, ...}; nil optional fields omitted",
+        salted_ids=SaltedIds.SEEDED,
     ),
     WireContract(
         id="sglang-kv-rank-v4",
@@ -143,6 +171,9 @@ CONTRACTS: tuple[WireContract, ...] = (
         hash_checked=False,
         promotion=Promotion.CANDIDATE,
         summary="tagged maps + lora_name; replay replies carry the topic frame",
+        salted_ids=SaltedIds.SEEDED,
+        wide_token_versions=("0.5.23",),
+        engine_proven=("0.5.23",),
     ),
 )
 

@@ -9,14 +9,17 @@ contracts in ``cacheon.kv.contracts`` name their batch type; everything else is 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, get_args, get_type_hints
+from typing import Annotated, ClassVar, get_args, get_type_hints
 
 import msgspec
 from msgspec import Meta
 
-# Block ids are signed int64 (msgpack uint64 when positive); tokens are hashed as u32 LE.
+# Block ids are signed int64 (msgpack uint64 when positive); tokens are hashed as u32 LE, except
+# where a release hashes pages holding ids past u32 wide (0.5.23: multimodal pad sentinels are
+# 62-bit), which it then publishes as they are; above int64 its hash extension throws.
 Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 Token = Annotated[int, Meta(ge=0, le=2**32 - 1)]
+WideToken = Annotated[int, Meta(ge=0, le=2**63 - 1)]
 PageSize = Annotated[int, Meta(ge=1)]
 
 
@@ -31,6 +34,8 @@ class BlockStored(KvEvent):
     event keeps them as the msgpack bytes they came in (``cacheon.kv.wire`` checks those are
     exactly such a list) and ``tokens()`` makes the list where it is read (attestation).
     """
+
+    token_type: ClassVar[object] = Token  # what the raw ``token_ids`` must decode as (the typed verdict)
 
     block_hashes: list[Int64]
     parent_block_hash: Int64 | None
@@ -111,8 +116,9 @@ class BlockStoredV3(BlockStored, tag="BlockStored"):
 
 
 class BlockStoredV4(BlockStoredV3):
-    """0.5.22, 0.5.23: named LoRA adapters."""
+    """0.5.22, 0.5.23: named LoRA adapters; token ids past u32 (0.5.23's wide pages)."""
 
+    token_type: ClassVar[object] = WideToken
     lora_name: str | None = None
 
 

@@ -36,7 +36,6 @@ from cacheon.kv.events import (
     BlockStored,
     EventBatch,
     KvEvent,
-    Token,
     event_types,
     field_names,
     tag,
@@ -100,11 +99,13 @@ _TOKEN_ARRAY = re.compile(rb"(?:[\x90-\x9f]|\xdc..|\xdd....)(?:[\x00-\x7f]|\xcc.
 
 @functools.cache
 def typed_batch(batch: type[EventBatch]) -> type[EventBatch]:
-    """``batch`` with its BlockStored's ``token_ids`` typed as the contract's u32 list: the decoder that
-    builds every token, for the verdict on a payload the fast path does not recognise."""
+    """``batch`` with its BlockStored's ``token_ids`` typed as the contract's token list (u32; 0.5.22+
+    wide): the decoder that builds every token, for the verdict on a payload the fast path does not
+    recognise (wide ids always take this path)."""
     kinds = event_types(batch)
     stored = next(t for t in kinds if issubclass(t, BlockStored))
-    typed = msgspec.defstruct(f"{stored.__name__}Tokens", [("token_ids", list[Token])], bases=(stored,))
+    tokens: Any = list[stored.token_type]  # type: ignore[name-defined]  # a run-time type
+    typed = msgspec.defstruct(f"{stored.__name__}Tokens", [("token_ids", tokens)], bases=(stored,))
     union: Any = functools.reduce(operator.or_, [typed if t is stored else t for t in kinds])  # a run-time union
     return cast(type[EventBatch], msgspec.defstruct(f"{batch.__name__}Tokens", [("events", list[union])],
                                                     bases=(batch,)))

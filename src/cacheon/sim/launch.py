@@ -142,14 +142,16 @@ class SimProcess:
 class GatewayProcess:
     """One gateway as a real process (``cacheon gateway serve``), configured from arguments."""
 
-    def __init__(self, stack: ExitStack, tmp: Path, profile: tuple[Path, Path], policy: str,
+    def __init__(self, stack: ExitStack, tmp: Path, profile: tuple[Path, Path] | None, policy: str,
                  workers: list[dict[str, Any]], **extra: Any) -> None:
+        """``profile``: the simulator's model files, served as ``demo``; None when ``extra`` has ``models``."""
         self.port, self.admin_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin_url = f"http://127.0.0.1:{self.admin_port}"  # the admin API's own listener
-        cfg = {"listen": f"127.0.0.1:{self.port}", "policy": policy, "workers": workers,
-               "models": {"demo": gateway_model(*profile)}, "admin": {"listen": f"127.0.0.1:{self.admin_port}"},
-               "health_interval_s": 0.5, "challenge_timeout_s": 5, **extra}
+        models = {"demo": gateway_model(*profile)} if profile is not None else {}
+        cfg = {"listen": f"127.0.0.1:{self.port}", "policy": policy, "workers": workers, "models": models,
+               "admin": {"listen": f"127.0.0.1:{self.admin_port}"}, "health_interval_s": 0.5,
+               "challenge_timeout_s": 5, **extra}
         path = tmp / f"gateway-{self.port}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         self.log = tmp / f"gateway-{self.port}.log"

@@ -105,6 +105,10 @@ class RankPublishers:
         if events:
             self.pubs[rank].publish(self.kv.KVEventBatch(ts=time.time(), events=events))
 
+    def clear(self, rank: int) -> None:
+        """What the release's radix cache queues on a reset (``/flush_cache``)."""
+        self.pubs[rank].publish(self.kv.KVEventBatch(ts=time.time(), events=[self.kv.AllBlocksCleared()]))
+
     def close(self) -> None:
         for pub in self.pubs:
             pub.shutdown()

@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from cacheon.disconnect import unless_client_leaves
+from cacheon.errors import UsageError
 from cacheon.sim.cache import PrefixCache, SimCache, StoredPage
 from cacheon.sim.publisher import RankPublishers, kv_events_config
 from cacheon.sim.schedule import Plan, RankScheduler, TimeModel
@@ -41,7 +42,7 @@ CacheFactory = Callable[[int, int], SimCache]  # page size, capacity in tokens -
 REPLAY_ADVERTISED_FROM = Version("0.5.22")
 
 FAULTS = ("tokenize_drift", "tokenize_500", "no_echo", "wrong_echo", "rank_lie", "geometry_lie", "version_lie",
-          "wire_lie", "generate_500")
+          "wire_lie", "generate_500", "silent_flush")
 
 
 @dataclass(frozen=True)
@@ -139,16 +140,25 @@ class SimWorker:
             raise ValueError("prompt must be a string or a list of token ids")
         return self.profile.encode(prompt) if "text" in body else self.profile.encode_completion(prompt)
 
-    def admit(self, tokens: list[int], output_tokens: int) -> tuple[int, Plan]:
-        """Schedule a request on the next rank; returns its cached tokens and its plan (loop time).
+    def rank_for(self, body: dict[str, Any]) -> int:
+        """The request's ``data_parallel_rank`` (a DP-aware router names one), else the next in turn."""
+        rank = body.get("data_parallel_rank")
+        if rank is None:
+            return next(self._next_rank)
+        if type(rank) is not int or not 0 <= rank < self.s.dp_size:
+            raise ValueError(f"data_parallel_rank must be an int in [0, {self.s.dp_size}), got {rank!r}")
+        return rank
+
+    def admit(self, tokens: list[int], output_tokens: int, limit: int, rank: int) -> tuple[int, Plan]:
+        """Schedule a request on ``rank``; returns its cached tokens and its plan (loop time).
+        ``limit``: the most leading tokens a prefix match may cover (``max_prefix_len``).
 
         The cache is matched and filled now, as the request's prefill will find it (the schedule's
         queues are FIFO: ``cacheon.sim.schedule``); the KV events go out when its prefill ends.
         """
         loop = asyncio.get_running_loop()
-        rank = next(self._next_rank)
         cache = self.caches[rank]
-        cached = cache.match(tokens)
+        cached = min(cache.match(tokens), limit // self.s.page_size * self.s.page_size)
         plan = self.schedulers[rank].plan(loop.time(), len(tokens) - cached, output_tokens)
         stored, removed = cache.insert(tokens)
         number = next(self._admitted)
@@ -185,6 +195,14 @@ class SimWorker:
         else:
             self.publishers.publish(rank, stored, removed, self.s.page_size)
 
+    def flush(self) -> None:
+        """``/flush_cache``: every rank's cache emptied, each rank publishing ``AllBlocksCleared``
+        (silent_flush: without it, the cache a gateway's index no longer describes)."""
+        for rank, cache in enumerate(self.caches):
+            cache.clear()
+            if self.publishers is not None and self.s.fault != "silent_flush":
+                self.publishers.clear(rank)
+
     def words(self, tokens: list[int], n: int) -> list[str]:
         return reply_words(tokens, n)
 
@@ -196,6 +214,20 @@ def reply_words(tokens: list[int], n: int) -> list[str]:
     """The simulator's deterministic completion: ``n`` words seeded by the prompt's tail."""
     seed = zlib.crc32(json.dumps(tokens[-64:]).encode())
     return [f" sim{(seed + i) % 997}" for i in range(n)]
+
+
+def max_prefix_len(tokens: int, body: dict[str, Any], native: bool) -> int:
+    """SGLang's cap on a request's prefix match (``Req._compute_max_prefix_len``): the last prompt
+    token is always computed, and prompt logprobs (an OpenAI ``echo`` with ``logprobs``; a native
+    ``return_logprob`` from ``logprob_start_len``) are computed from their start on."""
+    limit = tokens - 1
+    if native:
+        start = body.get("logprob_start_len")
+        if body.get("return_logprob") and type(start) is int and start >= 0:
+            limit = min(limit, start)
+    elif body.get("echo") and body.get("logprobs"):
+        limit = 0
+    return max(limit, 0)
 
 
 def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
@@ -249,7 +281,7 @@ def build_app(sim: SimWorker) -> Starlette:
             return _error(500, "simulated tokenizer failure")
         try:
             ids = sim.tokenize(await body_of(request))
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, UsageError) as exc:
             return _error(400, str(exc))
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": 1 << 20})
 
@@ -259,10 +291,11 @@ def build_app(sim: SimWorker) -> Starlette:
         try:
             body = await body_of(request)
             tokens = sim.profile.encode_chat(body["messages"]) if chat else sim.prefill_tokens(body)
-        except (ValueError, KeyError, TypeError) as exc:
+            rank = sim.rank_for(body)
+        except (ValueError, KeyError, TypeError, UsageError) as exc:  # SGLang: 400 for a chat it cannot template
             return _error(400, f"bad request: {exc}")
         n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
-        cached, plan = sim.admit(tokens, n)
+        cached, plan = sim.admit(tokens, n, max_prefix_len(len(tokens), body, native=False), rank)
         words = sim.words(tokens, n)
         rid, created, model = sim.request_id(), int(time.time()), body.get("model", s.model)
         kind = "chat.completion" if chat else "text_completion"
@@ -315,15 +348,20 @@ def build_app(sim: SimWorker) -> Starlette:
         try:
             body = await body_of(request)
             tokens = sim.prefill_tokens(body)
+            rank = sim.rank_for(body)
         except (ValueError, KeyError, TypeError) as exc:
             return _error(400, f"bad request: {exc}")
         n = int((body.get("sampling_params") or {}).get("max_new_tokens", 16))
-        cached, plan = sim.admit(tokens, n)
+        cached, plan = sim.admit(tokens, n, max_prefix_len(len(tokens), body, native=True), rank)
         if not await generating(request, plan):
             return Response(status_code=499)
         meta = {"id": sim.request_id(), "prompt_tokens": len(tokens), "completion_tokens": n, "cached_tokens": cached,
                 "finish_reason": {"type": "length", "length": n}}
         return JSONResponse({"text": "".join(sim.words(tokens, n)), "meta_info": meta})
+
+    async def flush_cache(_: Request) -> Response:
+        sim.flush()
+        return Response("Cache flushed.\n")
 
     async def stats(_: Request) -> Response:
         return JSONResponse({"simulator": True, **sim.stats})
@@ -347,5 +385,6 @@ def build_app(sim: SimWorker) -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/generate", generate, methods=["POST"]),
+        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
     ]
     return Starlette(routes=routes)

@@ -120,17 +120,20 @@ class ChainCache:
         self._nodes.clear()
 
     def page_hashes(self, segments: Sequence[Segment], page_size: int, stem: Stem | None = None,
-                    mark: Stem | None = None) -> list[int]:
+                    mark: Stem | None = None, prior: bytes = b"") -> list[int]:
         """The chain of the segments' concatenation, hashing only segments not seen after this prefix.
 
         Starts from ``stem``'s nodes when it has them for this page size (its segments must lead
         ``segments``); records the nodes of ``mark`` and of any stem on the way that lacks them.
+        ``prior``: a seed digest the chain starts from (a salt's); stems hold unseeded chains only.
         """
         nodes: list[_Node] = []
         start = 0
-        if stem is not None and (known := stem.nodes(page_size)) is not None:
+        if prior:
+            stem = mark = None
+        elif stem is not None and (known := stem.nodes(page_size)) is not None:
             nodes, start = known, stem.count
-        node = nodes[-1] if nodes else self._ROOT
+        node = nodes[-1] if nodes else self._root(prior)
         lineage = [*(stem.lineage() if stem else ()), *((mark,) if mark else ())]
         record = {s.count: s for s in lineage if page_size not in s.chains}
         for i in range(start, len(segments)):
@@ -149,16 +152,26 @@ class ChainCache:
                 done.chains[page_size] = tuple(nodes[i + 1 - len(done.own) :])
         return list(itertools.chain.from_iterable(n[BLOCKS] for n in nodes))
 
+    def _root(self, prior: bytes) -> _Node:
+        """The node a chain starts from: the empty root, or one per seed digest (kept in the same LRU)."""
+        if not prior:
+            return self._ROOT
+        root = self._nodes.get(("seed", prior))
+        if root is None:
+            root = (next(_NODE_KEYS), prior, b"", ())
+            self._nodes.put(("seed", prior), root, 1)
+        return root
+
     def _extend(self, node: _Node, segment: Segment, step: int) -> _Node:
         data = node[TAIL] + u32_bytes(segment)
         full = len(data) - len(data) % step
         blocks, digest = chain(data[:full], step, node[DIGEST])
         return next(_NODE_KEYS), digest, data[full:], tuple(blocks)
 
-    def chain(self, tokens: Sequence[int], page_size: int) -> list[int]:
-        """``page_hashes(tokens, page_size)``, continued from cached segments where ``tokens`` carries them."""
+    def chain(self, tokens: Sequence[int], page_size: int, prior: bytes = b"") -> list[int]:
+        """``page_hashes(tokens, page_size, prior)``, continued from cached segments where ``tokens`` carries them."""
         if page_size < 1:
             raise ValueError(f"page size must be >= 1, got {page_size}")
         if isinstance(tokens, Tokens):
-            return self.page_hashes(tokens.segments, page_size, tokens.stem, tokens.mark)
-        return page_hashes(tokens, page_size)
+            return self.page_hashes(tokens.segments, page_size, tokens.stem, tokens.mark, prior)
+        return page_hashes(tokens, page_size, prior)

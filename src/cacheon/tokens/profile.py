@@ -4,7 +4,9 @@ A profile is one served model's ``tokenizer.json`` (HF ``tokenizers``), its chat
 (rendered the way transformers' ``apply_chat_template`` does), both pinned by sha256 when the
 operator gives a digest, and the engine's quirks. ``completions_bos``: SGLang's OpenAI
 completions path for some models encodes without special tokens and prepends one BOS.
-Encoding goes through an exact window cache (``tokencache``) wherever it can be proven equal.
+What the model directory states (``tokenizer_config.json``'s BOS and EOS, its chat template,
+``config.json``'s vocabulary size; ``cacheon.tokens.model_dir``) fills whatever the spec leaves
+unset. Encoding goes through an exact window cache (``tokencache``) wherever it can be proven equal.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from cacheon.errors import UsageError
+from cacheon.tokens.model_dir import TOKENIZER_FILE, read_model_dir
 from cacheon.tokens.windows import Affixes, WindowEncoder, affixes, anchors
 
 
 @dataclass(frozen=True)
 class TokenizerSpec:
-    """What a config file says about one model."""
+    """What a config file says about one model. ``tokenizer``: its tokenizer.json, or the model
+    directory holding it; the directory's own files fill the fields left unset here."""
 
     tokenizer: Path
     chat_template: Path | None = None
@@ -55,29 +59,41 @@ class TokenizerProfile:
     """Encodes completions and chat requests for one served model."""
 
     def __init__(self, spec: TokenizerSpec) -> None:
-        data, self.tokenizer_sha256 = _pinned(spec.tokenizer, spec.tokenizer_sha256)
+        path = spec.tokenizer / TOKENIZER_FILE if spec.tokenizer.is_dir() else spec.tokenizer
+        data, self.tokenizer_sha256 = _pinned(path, spec.tokenizer_sha256)
         try:
             self.tokenizer = Tokenizer.from_str(data.decode("utf-8"))
         except Exception as exc:  # tokenizers raises plain Exception on a bad file
-            raise UsageError(f"{spec.tokenizer} is not a tokenizer.json: {exc}") from None
+            raise UsageError(f"{path} is not a tokenizer.json: {exc}") from None
+        found = read_model_dir(path.parent)
+        self.bos_token = spec.bos_token or found.bos_token
+        self.eos_token = spec.eos_token or found.eos_token
+        self.vocab_size = found.vocab_size
         self.spec = spec
         self.template = None
         self.chat_template_sha256 = None
         source = b""
         if spec.chat_template is not None:
             source, self.chat_template_sha256 = _pinned(spec.chat_template, spec.chat_template_sha256)
+        elif found.chat_template is not None:
+            source = found.chat_template.encode("utf-8")
+            self.chat_template_sha256 = hashlib.sha256(source).hexdigest()
+            if spec.chat_template_sha256 is not None and self.chat_template_sha256 != spec.chat_template_sha256.lower():
+                raise UsageError(f"the chat template in {found.chat_template_path} has sha256 "
+                                 f"{self.chat_template_sha256}, the config pins {spec.chat_template_sha256}")
+        if source:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
             self.template = env.from_string(source.decode("utf-8"))
         config = json.loads(data)
         self.windows = WindowEncoder(
-            self.tokenizer, anchors(config, source.decode("utf-8"), (spec.bos_token, spec.eos_token)))
+            self.tokenizer, anchors(config, source.decode("utf-8"), (self.bos_token, self.eos_token)))
         self._affixes = affixes(config) if self.windows.enabled else None
         self.bos_id = None
-        if spec.bos_token is not None:
-            self.bos_id = self.tokenizer.token_to_id(spec.bos_token)
+        if self.bos_token is not None:
+            self.bos_id = self.tokenizer.token_to_id(self.bos_token)
             if self.bos_id is None:
-                raise UsageError(f"bos_token {spec.bos_token!r} is not in {spec.tokenizer}")
+                raise UsageError(f"bos_token {self.bos_token!r} is not in {path}")
         if spec.completions_bos and self.bos_id is None:
             raise UsageError("completions_bos needs bos_token")
         self._bos: Affixes = ((self.bos_id,), ()) if self.bos_id is not None else ((), ())
@@ -102,8 +118,8 @@ class TokenizerProfile:
             return self.template.render(
                 messages=messages,
                 add_generation_prompt=True,
-                bos_token=self.spec.bos_token or "",
-                eos_token=self.spec.eos_token or "",
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
             )
         except TemplateError as exc:
             raise UsageError(f"chat template: {exc}") from None

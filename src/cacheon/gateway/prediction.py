@@ -1,0 +1,80 @@
+"""What an engine will report as cached for one request, and where the gateway must not guess.
+
+SGLang's prefix match is capped before it looks at the cache (``Req._compute_max_prefix_len``,
+every release here): at ``len - 1`` (the last prompt token's logits must be computed) and, for a
+request that asks for prompt logprobs from ``logprob_start_len`` on, at that start; a paged cache
+then reuses whole pages only. ``Reuse`` carries that cap, and the request's cache namespace,
+from the request body to the policy.
+
+A namespace the published ids do not show cannot be predicted: ``extra_key`` and LoRA adapters
+(every release here keeps them out of event hashes), and ``cache_salt`` where the release
+publishes salted pages under plain ids (``SaltedIds.UNSALTED``, the pin). Chat content that is
+not plain text is rendered by the engine in ways a template alone does not reproduce. Each of
+these is a ``NoPrediction`` reason: counted and shown, never a silent wrong hash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from cacheon.kv.contracts import SaltedIds, by_id
+from cacheon.kv.hashing import salt_seed
+
+
+class NoPrediction(StrEnum):
+    """Why the gateway predicts nothing for a request on a worker (``cacheon_prediction_refusals_total``)."""
+
+    SALT_NOT_PUBLISHED = "salt_not_published"  # cache_salt, published under unsalted ids
+    NAMESPACE_NOT_PUBLISHED = "namespace_not_published"  # extra_key / lora_path: in no published id
+    CONTENT_PARTS = "content_parts"  # chat content that is not a string (images, typed parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """The most of a prompt the engine may take from its cache, and in which namespace."""
+
+    limit: int  # leading prompt tokens a prefix match may cover at most
+    salt: str | None = None  # cache_salt, when the request has one
+    refusal: NoPrediction | None = None  # a reason no worker's cached prefix can be predicted
+
+
+def _logprob_start(kind: str, body: dict[str, Any]) -> int | None:
+    """Where the request's prompt logprobs start, if it asks for them (SGLang's serving layer:
+    an ``echo`` completion with ``logprobs`` asks from 0; native requests say so themselves)."""
+    if kind == "completion":
+        return 0 if body.get("echo") and body.get("logprobs") else None
+    if kind == "generate" and body.get("return_logprob") is True:
+        start = body.get("logprob_start_len")
+        return start if type(start) is int and start >= 0 else None
+    return None
+
+
+def reuse_of(kind: str, body: dict[str, Any], prompt_tokens: int) -> Reuse:
+    """The engine's reuse cap and namespace for a request of ``prompt_tokens`` tokens."""
+    if body.get("extra_key") or body.get("lora_path"):
+        return Reuse(0, refusal=NoPrediction.NAMESPACE_NOT_PUBLISHED)
+    salt = body.get("cache_salt") or None  # SGLang ignores an empty salt
+    if salt is not None and not isinstance(salt, str):
+        return Reuse(0, refusal=NoPrediction.NAMESPACE_NOT_PUBLISHED)
+    limit = prompt_tokens - 1
+    start = _logprob_start(kind, body)
+    if start is not None:
+        limit = min(limit, start)
+    return Reuse(max(limit, 0), salt)
+
+
+def plain_content(messages: list[Any]) -> bool:
+    """Whether every message's content is a string (or absent): what a chat template renders as is."""
+    return all(isinstance(m.get("content"), str | None) for m in messages if isinstance(m, dict))
+
+
+def chain_prior(contract_id: str, reuse: Reuse) -> bytes | NoPrediction:
+    """The digest the chain of a worker speaking ``contract_id`` starts from for this request, or why
+    it cannot be predicted there."""
+    if reuse.salt is None:
+        return b""
+    if by_id(contract_id).salted_ids is SaltedIds.SEEDED:
+        return salt_seed(reuse.salt)
+    return NoPrediction.SALT_NOT_PUBLISHED
