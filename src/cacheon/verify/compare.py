@@ -3,25 +3,16 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 
 from cacheon.contract.spec import CompareMode, Tolerance
+from cacheon.verify.comparison import Comparison
 from cacheon.verify.report import Mismatch
 from cacheon.verify.selection import compare_selection
 
 #: floor for the relative-error denominator, so exact zeros in the reference do not divide by zero
 REL_EPS = 1e-6
-
-
-@dataclass(frozen=True)
-class Comparison:
-    ok: bool
-    max_abs_err: float
-    max_rel_err: float
-    metric: dict[str, float] = field(default_factory=dict)
-    detail: str = ""
 
 
 def compare(mode: CompareMode, tol: Tolerance, got: torch.Tensor, ref: torch.Tensor) -> Comparison:
@@ -33,8 +24,7 @@ def compare(mode: CompareMode, tol: Tolerance, got: torch.Tensor, ref: torch.Ten
     if g.numel() == 0:
         return Comparison(True, 0.0, 0.0)
     if mode == "topk_overlap":  # a selection: -inf is a masked cell, legitimate where the reference has it
-        s = compare_selection(g, r, tol)
-        return Comparison(s.ok, s.max_abs_err, s.max_rel_err, s.metric, s.detail)
+        return compare_selection(g, r, tol)
     finite = torch.isfinite(g)
     if not bool(finite.all()):
         bad = int((~finite).sum())

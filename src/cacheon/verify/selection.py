@@ -19,20 +19,10 @@ The metric is the worst row's share of hits; the values themselves are reported,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from cacheon.contract.spec import Tolerance
-
-
-@dataclass(frozen=True)
-class Selection:
-    ok: bool
-    max_abs_err: float
-    max_rel_err: float
-    metric: dict[str, float] = field(default_factory=dict)
-    detail: str = ""
+from cacheon.verify.comparison import Comparison
 
 
 def _first(mask: torch.Tensor) -> tuple[int, ...]:
@@ -56,13 +46,13 @@ def _mask_problems(g: torch.Tensor, r: torch.Tensor) -> tuple[dict[str, float], 
     return metric, problems
 
 
-def compare_selection(g: torch.Tensor, r: torch.Tensor, tol: Tolerance) -> Selection:
+def compare_selection(g: torch.Tensor, r: torch.Tensor, tol: Tolerance) -> Comparison:
     """Judge float64 ``g`` against the float64 reference ``r`` (same shape, rows along the last axis)."""
     if bool(torch.isnan(r).any() | torch.isposinf(r).any()):
         raise ValueError("a selection reference holds NaN or +inf (a reference bug, not the candidate's)")
     metric, problems = _mask_problems(g, r)
     if problems:
-        return Selection(False, float("inf"), float("inf"), metric, "; ".join(problems))
+        return Comparison(False, float("inf"), float("inf"), metric, "; ".join(problems))
     visible = torch.isfinite(r)
     diff = (g - r).abs()[visible]
     max_abs = float(diff.max()) if diff.numel() else 0.0
@@ -73,7 +63,7 @@ def compare_selection(g: torch.Tensor, r: torch.Tensor, tol: Tolerance) -> Selec
         f"worst row {row}: {hits} of {k} picks in the reference's top-{k} "
         f"(top-{tol.topk} overlap {overlap:.4f} < {tol.min_ratio})"
     )
-    return Selection(ok, max_abs, max_rel, {"topk_overlap": overlap}, detail)
+    return Comparison(ok, max_abs, max_rel, {"topk_overlap": overlap}, detail)
 
 
 def _worst_row(g: torch.Tensor, r: torch.Tensor, tol: Tolerance) -> tuple[float, int, int, int]:
