@@ -81,8 +81,16 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _described(t: msgspec.inspect.Type) -> tuple[msgspec.inspect.Type, str]:
+    """A field's type without its ``Meta`` wrapper, and the description it carries."""
+    if isinstance(t, msgspec.inspect.Metadata):
+        return t.type, str((t.extra_json_schema or {}).get("description", ""))
+    return t, ""
+
+
 def _type_name(t: msgspec.inspect.Type) -> str:
     """A config type as a reader writes it, with its bounds."""
+    t = _described(t)[0]
     match t:
         case msgspec.inspect.UnionType():
             named = [_type_name(x) for x in t.types if not isinstance(x, msgspec.inspect.NoneType)]
@@ -104,6 +112,7 @@ def _type_name(t: msgspec.inspect.Type) -> str:
 
 def _structs(t: msgspec.inspect.Type) -> Iterator[type]:
     """The struct types a field's type holds (directly, in a union, a list or a map)."""
+    t = _described(t)[0]
     for sub in (t, *getattr(t, "types", ()), getattr(t, "item_type", None), getattr(t, "value_type", None)):
         if isinstance(sub, (msgspec.inspect.StructType, msgspec.inspect.DataclassType)):
             yield sub.cls
@@ -124,20 +133,21 @@ def configuration_reference() -> str:
         info = msgspec.inspect.type_info(cls)
         assert isinstance(info, (msgspec.inspect.StructType, msgspec.inspect.DataclassType))
         lines += [f"## `{path or 'top level'}` ({cls.__name__})", "", (cls.__doc__ or "").strip(), "",
-                  "| key | type | default | environment |", "|---|---|---|---|"]
+                  "| key | type | default | meaning | environment |", "|---|---|---|---|---|"]
         for field in info.fields:
             key = f"{path}.{field.name}" if path else field.name
+            bare, meaning = _described(field.type)
             if field.required:
                 default = "*required*"
             elif field.default is not msgspec.NODEFAULT:
                 default = f"`{msgspec.json.encode(field.default).decode()}`"
             else:
-                default = "`[]`" if isinstance(field.type, msgspec.inspect.ListType) else "`{}`"
+                default = "`[]`" if isinstance(bare, msgspec.inspect.ListType) else "`{}`"
             env = f"`{ENV_PREFIX}{key.upper().replace('.', '__')}`" if "[" not in key else ""
-            lines.append(f"| `{field.name}` | {_type_name(field.type)} | {default} | {env} |")
-            for sub in _structs(field.type):
-                suffix = "[]" if isinstance(field.type, msgspec.inspect.ListType) else (
-                    ".NAME" if isinstance(field.type, msgspec.inspect.DictType) else "")
+            lines.append(f"| `{field.name}` | {_type_name(bare)} | {default} | {_cell(meaning)} | {env} |")
+            for sub in _structs(bare):
+                suffix = "[]" if isinstance(bare, msgspec.inspect.ListType) else (
+                    ".NAME" if isinstance(bare, msgspec.inspect.DictType) else "")
                 queue.append((sub, key + suffix))
         lines.append("")
     return "\n".join(lines)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import msgspec
+
 from cacheon.bundle.scan import RULES
 from cacheon.cli import COMMANDS
 from tests.conftest import REPO
@@ -38,3 +40,25 @@ def test_the_readme_names_every_command():
 def test_the_scan_page_explains_every_rule():
     page = (REPO / "docs" / "contributing" / "scan.md").read_text()
     assert not [rule for rule in RULES if f"| `{rule}` |" not in page]
+
+
+def test_every_configuration_key_says_what_it_means():
+    """The configuration reference is generated from the config types: a key without a description
+    would be a row that says nothing."""
+    from cacheon.gateway.config import GatewayConfig
+
+    undescribed, queue, seen = [], [GatewayConfig], set()
+    while queue:
+        cls = queue.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        for field in msgspec.inspect.type_info(cls).fields:
+            t = field.type
+            if not (isinstance(t, msgspec.inspect.Metadata) and (t.extra_json_schema or {}).get("description")):
+                undescribed.append(f"{cls.__name__}.{field.name}")
+            t = getattr(t, "type", t)
+            for sub in (t, *getattr(t, "types", ()), getattr(t, "item_type", None), getattr(t, "value_type", None)):
+                if isinstance(sub, (msgspec.inspect.StructType, msgspec.inspect.DataclassType)):
+                    queue.append(sub.cls)
+    assert len(seen) >= 6 and not undescribed, undescribed

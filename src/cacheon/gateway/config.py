@@ -71,14 +71,20 @@ def is_loopback(host: str) -> bool:
 class WorkerSpec(msgspec.Struct, **_CONFIG):
     """A worker as configured: the URL alone, or with values to check against discovery."""
 
-    url: str
-    id: str | None = None
-    sglang_version: str | None = None
-    model: str | None = None
-    kv_port: Port | None = None
-    kv_replay_port: Port | None = None
-    page_size: Positive | None = None
-    dp_size: Positive | None = None
+    url: Annotated[str, Meta(description="`http(s)://HOST:PORT` of the worker")]
+    id: Annotated[str | None, Meta(description="the worker's id (default `w0`, `w1`, … in order)")] = None
+    sglang_version: Annotated[str | None, Meta(
+        description="checked against discovery (`identity_mismatch` when it differs)")] = None
+    model: Annotated[str | None, Meta(
+        description="checked against the discovered served model (`identity_mismatch`)")] = None
+    kv_port: Annotated[Port | None, Meta(
+        description="KV events port base, checked against discovery (`engine_geometry_mismatch`)")] = None
+    kv_replay_port: Annotated[Port | None, Meta(
+        description="replay port base; used when the server args name none")] = None
+    page_size: Annotated[Positive | None, Meta(
+        description="checked against discovery (`engine_geometry_mismatch`)")] = None
+    dp_size: Annotated[Positive | None, Meta(
+        description="checked against discovery (`engine_geometry_mismatch`)")] = None
 
     def __post_init__(self) -> None:
         url = self.url.rstrip("/")
@@ -91,18 +97,20 @@ class WorkerSpec(msgspec.Struct, **_CONFIG):
 class WorkersDns(msgspec.Struct, **_CONFIG):
     """Workers found by resolving a name (a Kubernetes headless Service): one worker per address."""
 
-    name: str
-    port: Port
-    scheme: Literal["http", "https"] = "http"
-    interval_s: Seconds = 10.0
+    name: Annotated[str, Meta(description="a name to resolve (a Kubernetes headless Service): one worker per address")]
+    port: Annotated[Port, Meta(description="the workers' HTTP port")]
+    scheme: Annotated[Literal["http", "https"], Meta(description="the workers' URL scheme")] = "http"
+    interval_s: Annotated[Seconds, Meta(
+        description="how often to resolve again; vanished addresses are drained and removed")] = 10.0
 
 
 class AdminConfig(msgspec.Struct, **_CONFIG):
     """The admin API's own listener. Off loopback it must have a bearer token."""
 
-    listen: str | None = "127.0.0.1:8081"  # None: no admin listener
-    token: str | None = None
-    token_file: str | None = None
+    listen: Annotated[str | None, Meta(
+        description="`HOST:PORT` of the admin API; null: no admin listener")] = "127.0.0.1:8081"
+    token: Annotated[str | None, Meta(description="bearer token the admin API requires (required off loopback)")] = None
+    token_file: Annotated[str | None, Meta(description="a file holding the token, instead of `token`")] = None
 
     def __post_init__(self) -> None:
         if self.listen is not None:
@@ -114,36 +122,46 @@ class AdminConfig(msgspec.Struct, **_CONFIG):
 class TracingConfig(msgspec.Struct, **_CONFIG):
     """OpenTelemetry spans per request (the ``otel`` extra). Off by default."""
 
-    enabled: bool = False
-    exporter: Literal["otlp", "console"] = "otlp"
-    endpoint: str | None = None  # OTLP/HTTP traces URL; None: the exporter's default / OTEL_* variables
-    service_name: str = "cacheon-gateway"
+    enabled: Annotated[bool, Meta(description="one OpenTelemetry span per proxied request (the `otel` extra)")] = False
+    exporter: Annotated[Literal["otlp", "console"], Meta(description="OTLP over HTTP, or the console")] = "otlp"
+    endpoint: Annotated[str | None, Meta(
+        description="OTLP/HTTP traces URL; null: the exporter's default / `OTEL_*` variables")] = None
+    service_name: Annotated[str, Meta(description="the spans' `service.name`")] = "cacheon-gateway"
 
 
 class GatewayConfig(msgspec.Struct, **_CONFIG):
-    listen: str = "127.0.0.1:8080"
-    policy: PolicyName = "exact"
-    workers: list[WorkerSpec] = []
-    workers_dns: list[WorkersDns] = []
-    models: dict[str, TokenizerSpec] = {}
-    admin: AdminConfig = AdminConfig()
-    kv_wire: WireBounds = WireBounds()  # what one KV batch may carry (kv/wire.py)
-    kv_max_replay: Positive = 10_000  # a sequence jump past this clears the rank and rebuilds it
-    tracing: TracingConfig = TracingConfig()
-    request_timeout_s: Seconds = 60.0
-    max_body_bytes: Positive = 32 << 20
-    load_epsilon: Annotated[float, Meta(ge=0)] = 0.25
-    min_prefix_blocks: Positive = 1
-    min_match_ratio: Ratio = 0.5
-    health_interval_s: Seconds = 2.0
-    attest_interval_s: Seconds = 300.0
-    attest_retry_s: Seconds = 30.0
-    challenge_timeout_s: Seconds = 5.0
-    drain_timeout_s: Seconds = 30.0
-    breaker_failures: Positive = 3
-    breaker_open_s: Seconds = 5.0
-    approx_max_entries: Positive = 100_000
-    probes: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_PROBES))
+    listen: Annotated[str, Meta(description="`HOST:PORT` of the traffic listener")] = "127.0.0.1:8080"
+    policy: Annotated[PolicyName, Meta(
+        description="routing policy; `exact` and `approx` need at least one entry under `models`")] = "exact"
+    workers: Annotated[list[WorkerSpec], Meta(
+        description="workers to register at start (more through the admin API)")] = []
+    workers_dns: Annotated[list[WorkersDns], Meta(description="workers found by DNS")] = []
+    models: Annotated[dict[str, TokenizerSpec], Meta(
+        description="tokenization profiles, keyed by served model name")] = {}
+    admin: Annotated[AdminConfig, Meta(description="the admin API's own listener")] = AdminConfig()
+    kv_wire: Annotated[WireBounds, Meta(
+        description="what one KV batch may carry; past it the batch is refused whole")] = WireBounds()
+    kv_max_replay: Annotated[Positive, Meta(
+        description="the most one sequence hole asks the replay endpoint for; a longer jump clears the rank")] = 10_000
+    tracing: Annotated[TracingConfig, Meta(description="OpenTelemetry tracing, off by default")] = TracingConfig()
+    request_timeout_s: Annotated[Seconds, Meta(
+        description="upstream timeout: a whole call; for a stream, the longest gap between chunks")] = 60.0
+    max_body_bytes: Annotated[Positive, Meta(description="largest request body (413 beyond)")] = 32 << 20
+    load_epsilon: Annotated[Annotated[float, Meta(ge=0)], Meta(description="`approx`'s load bound ε (may be 0)")] = 0.25
+    min_prefix_blocks: Annotated[Positive, Meta(description="`approx`: the shallowest match that counts as a hit")] = 1
+    min_match_ratio: Annotated[Ratio, Meta(
+        description="`approx`: a match must also cover this share of the prompt's chunks (0: off)")] = 0.5
+    health_interval_s: Annotated[Seconds, Meta(description="health-check and re-attestation cadence")] = 2.0
+    attest_interval_s: Annotated[Seconds, Meta(description="re-attest a READY worker after this long")] = 300.0
+    attest_retry_s: Annotated[Seconds, Meta(description="retry the ladder for a FENCED worker after this long")] = 30.0
+    challenge_timeout_s: Annotated[Seconds, Meta(description="how long to wait for the hash challenge's echoes")] = 5.0
+    drain_timeout_s: Annotated[Seconds, Meta(
+        description="the most time removing a worker waits for its requests in flight")] = 30.0
+    breaker_failures: Annotated[Positive, Meta(description="consecutive failures that open a worker's breaker")] = 3
+    breaker_open_s: Annotated[Seconds, Meta(description="how long an open breaker stays open")] = 5.0
+    approx_max_entries: Annotated[Positive, Meta(description="LRU bound on the `approx` trie's nodes")] = 100_000
+    probes: Annotated[list[str], Meta(description="token-parity probe texts for the attestation ladder")] = (
+        msgspec.field(default_factory=lambda: list(DEFAULT_PROBES)))
 
     def __post_init__(self) -> None:
         _listen(self.listen)

@@ -28,6 +28,7 @@ from enum import StrEnum
 from typing import Annotated, Any, cast
 
 import msgspec
+from msgspec import Meta
 
 from cacheon.kv.contracts import Encoding, WireContract
 from cacheon.kv.events import (
@@ -63,11 +64,12 @@ class WireBounds(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     SGLang sends (its page sizes are at most a few hundred tokens).
     """
 
-    max_payload_bytes: _Bound = 16 << 20
-    max_events: _Bound = 1 << 16
-    max_block_size: _Bound = 1024
-    max_pages: _Bound = 1 << 16  # block ids in one event
-    max_tokens: _Bound = 1 << 20  # token ids in one event
+    max_payload_bytes: Annotated[_Bound, Meta(
+        description="largest KV batch, checked before decoding: bounds one decode's memory")] = 16 << 20
+    max_events: Annotated[_Bound, Meta(description="events in one batch")] = 1 << 16
+    max_block_size: Annotated[_Bound, Meta(description="a BlockStored's block size")] = 1024
+    max_pages: Annotated[_Bound, Meta(description="block ids in one event")] = 1 << 16
+    max_tokens: Annotated[_Bound, Meta(description="token ids in one event")] = 1 << 20
 
 # Media whose blocks an index routes on: SGLang's device tier (nil means GPU in its recorder).
 DEVICE_MEDIA = frozenset({None, "GPU"})

@@ -15,10 +15,11 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from msgspec import Meta
 from tokenizers import Tokenizer
 
 from cacheon.errors import UsageError
@@ -31,13 +32,14 @@ class TokenizerSpec:
     """What a config file says about one model. ``tokenizer``: its tokenizer.json, or the model
     directory holding it; the directory's own files fill the fields left unset here."""
 
-    tokenizer: Path
-    chat_template: Path | None = None
-    completions_bos: bool = False
-    bos_token: str | None = None
-    eos_token: str | None = None
-    tokenizer_sha256: str | None = None
-    chat_template_sha256: str | None = None
+    tokenizer: Annotated[Path, Meta(description="the model's tokenizer.json, or the model directory holding it")]
+    chat_template: Annotated[Path | None, Meta(
+        description="a Jinja chat template; default: the model directory's")] = None
+    completions_bos: Annotated[bool, Meta(description="prepend BOS on `/v1/completions`, as some models do")] = False
+    bos_token: Annotated[str | None, Meta(description="default: the model directory's `tokenizer_config.json`")] = None
+    eos_token: Annotated[str | None, Meta(description="default: the model directory's `tokenizer_config.json`")] = None
+    tokenizer_sha256: Annotated[str | None, Meta(description="refuse a tokenizer file with another digest")] = None
+    chat_template_sha256: Annotated[str | None, Meta(description="refuse a chat template with another digest")] = None
 
 
 def _pinned(path: Path, expected: str | None) -> tuple[bytes, str]:
