@@ -352,6 +352,9 @@ def start_server(spec: EngineSpec, workdir: Path, ctx: zmq.Context, model: dict[
         "--kv-events-config", json.dumps(kv_config),
         "--random-seed", "0",
         "--skip-server-warmup",
+        # An idle scheduler otherwise polls at ~75 % of a core: two live servers took most of a 2-core
+        # CI box from the rest of the suite. With it, an idle scheduler waits on its sockets (zmq poll).
+        "--sleep-on-idle",
     ]  # fmt: skip
     log_path = workdir / "server.log"
     started = time.monotonic()
