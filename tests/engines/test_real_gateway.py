@@ -139,9 +139,13 @@ def test_the_openai_client_routes_by_prefix_and_streams_with_exact_predictions(f
     assert predicted(again) == cached > 0
 
     raw = client.completions.with_raw_response.create(model=SERVED_MODEL_NAME, prompt=text, max_tokens=3,
-                                                      stream=True, stream_options={"include_usage": True})
+                                                      temperature=0, stream=True,
+                                                      stream_options={"include_usage": True})
     chunks = list(raw.parse())
-    assert sum(1 for c in chunks if c.choices) == 3
+    # A chunk per detokenized step: fewer than 3 when the random model ends early or a token decodes
+    # to part of a character (SGLang sends no empty delta); the usage chunk comes last, apart.
+    assert 1 <= sum(1 for c in chunks if c.choices) <= chunks[-1].usage.completion_tokens <= 3
+    assert not chunks[-1].choices
     assert raw.headers["x-cacheon-worker"] == first["x-cacheon-worker"]
     assert predicted(raw.headers) == _cached(chunks[-1].usage) > 0
     fleet.settle()
