@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cacheon.bundle.digest import bundle_digest
+from cacheon.bundle.snapshot import read_snapshot
 from cacheon.bundle.manifest import load_manifest
 from cacheon.verify.runner import VerifyOptions, verify_bundle
 from tests.conftest import EXAMPLES, REPO, assert_verdict, write_bundle
@@ -55,7 +55,7 @@ def test_adversarial_verdict(cli, name):
 def test_runtime_layer_holds_without_the_scan(name):
     """Library call without admission: the child's tricks cannot reach the parent's judgement."""
     root = ADVERSARIAL / name
-    report = verify_bundle(root, load_manifest(root), bundle_digest(root), VerifyOptions(dtypes=("float32",)))
+    report = verify_bundle(snapshot := read_snapshot(root), load_manifest(snapshot), VerifyOptions(dtypes=("float32",)))
     assert report.verdict == "FAIL", report.reason
     assert "elements outside tolerance" in report.reason or "non-finite" in report.reason
 
