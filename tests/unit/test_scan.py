@@ -190,13 +190,13 @@ def test_not_a_directory_is_unusable_input(tmp_path: Path):
 
 def test_unreadable_directory_is_unusable_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     declared = make_bundle(tmp_path, {"sub/k.py": KERNEL})
-    real_listdir = os.listdir
+    real_scandir = os.scandir
 
-    def listdir(fd: int):  # the walk lists directories by descriptor; as root, chmod 000 does not stop it
+    def scandir(fd: int):  # the walk lists directories by descriptor; as root, chmod 000 does not stop it
         if os.readlink(f"/proc/self/fd/{fd}").endswith("sub"):
             raise PermissionError(13, "Permission denied")
-        return real_listdir(fd)
+        return real_scandir(fd)
 
-    monkeypatch.setattr(snapshot.os, "listdir", listdir)
+    monkeypatch.setattr(snapshot.os, "scandir", scandir)
     with pytest.raises(UsageError, match="sub"):
         scan_bundle(tmp_path, declared)

@@ -7,6 +7,8 @@ import hashlib
 import os
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -207,3 +209,43 @@ def test_the_loader_imports_the_snapshot_bytes_and_checks_the_admitted_digest(tm
     object.__setattr__(tampered, "digest", admission.digest)  # a forged digest field is not trusted either
     with pytest.raises(UsageError, match="is not the admitted"):
         load_entry(tampered, op, digest=admission.digest)
+
+
+def test_a_trailing_slash_or_dot_does_not_let_a_symlinked_root_through(tmp_path):
+    root = silu(tmp_path)
+    (tmp_path / "link").symlink_to(root, target_is_directory=True)
+    for spelled in (f"{tmp_path}/link/", f"{tmp_path}/link/.", f"{tmp_path}/link/kernels/.."):
+        with pytest.raises(UsageError, match="is a symlink"):
+            read_snapshot(spelled)
+
+
+def test_a_directory_of_many_names_is_refused_at_the_bound(tmp_path):
+    root = silu(tmp_path)
+    for i in range(40):
+        (root / f"n{i}.txt").write_text("")
+    with pytest.raises(UsageError, match="more than 20 entries"):
+        read_snapshot(root, SnapshotLimits(max_entries=20))
+
+
+def test_a_filesystem_mounted_inside_the_bundle_is_not_entered(tmp_path):
+    """A tmpfs holding a host file, mounted inside the bundle (in a private mount namespace, by
+    bubblewrap). A bind mount of a directory of the bundle's own filesystem keeps its device number
+    and is not detected: making one takes a mount namespace the verifier's caller controls."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bubblewrap is not installed")
+    root = silu(tmp_path)
+    (root / "sub").mkdir()
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "secret.txt").write_text("host secret\n")
+    code = ("import sys; from cacheon.bundle.snapshot import read_snapshot; s = read_snapshot(sys.argv[1]); "
+            "print(sorted(s.refused), sorted(s.files))")
+    ran = subprocess.run([bwrap, "--dev-bind", "/", "/", "--tmpfs", str(root / "sub"), "--ro-bind",
+                          str(host / "secret.txt"), str(root / "sub" / "secret.txt"), sys.executable, "-c", code,
+                          str(root)],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    if ran.returncode and "bwrap" in ran.stderr:
+        pytest.skip(f"bubblewrap cannot make a mount namespace here: {ran.stderr.strip()}")
+    assert ran.returncode == 0, ran.stderr
+    assert "'sub', 'mount-point'" in ran.stdout and "secret" not in ran.stdout

@@ -95,7 +95,7 @@ class Snapshot:
 def read_snapshot(root: str | os.PathLike[str], limits: SnapshotLimits = LIMITS) -> Snapshot:
     """Read the bundle at ``root`` once; unusable input (not a directory, a symlinked root, an
     unreadable entry, a tree past the bounds, an entry that changed while read) is a UsageError."""
-    where = os.fspath(root)
+    where = os.path.normpath(os.fspath(root))  # "link/" or "link/." would make the kernel follow "link"
     try:
         fd = os.open(where, DIR_FLAGS)
     except OSError as exc:
@@ -103,7 +103,7 @@ def read_snapshot(root: str | os.PathLike[str], limits: SnapshotLimits = LIMITS)
             raise UsageError(f"{where} is a symlink; name the bundle directory itself "
                              f"({os.path.realpath(where)})") from None
         raise UsageError(f"{where} is not a bundle directory") from None
-    walk = _Walk(where, limits)
+    walk = _Walk(where, limits, os.fstat(fd).st_dev)
     try:
         walk.directory(fd, "", 0)
     finally:
@@ -115,6 +115,7 @@ def read_snapshot(root: str | os.PathLike[str], limits: SnapshotLimits = LIMITS)
 class _Walk:
     root: str
     limits: SnapshotLimits
+    device: int  # the root's filesystem: a mount inside the bundle is not the bundle
     files: dict[str, bytes] = field(default_factory=dict)
     directories: list[str] = field(default_factory=list)
     refused: list[Refusal] = field(default_factory=list)
@@ -138,6 +139,8 @@ class _Walk:
             listed = _lstat(fd, name, self, rel)
             if stat.S_ISLNK(listed.st_mode):
                 self.refused.append((rel, "symlink", "symbolic link; not followed"))
+            elif stat.S_ISDIR(listed.st_mode) and listed.st_dev != self.device:
+                self.refused.append((rel, "mount-point", "another filesystem is mounted here; not entered"))
             elif stat.S_ISDIR(listed.st_mode):
                 child = _open(fd, name, DIR_FLAGS, listed, self, rel)
                 try:
@@ -175,10 +178,19 @@ class _Walk:
 
 
 def _names(fd: int, walk: _Walk, prefix: str) -> list[str]:
+    """The directory's names, sorted; listing stops past the entry bound (a directory of millions
+    of names costs no more than the bound)."""
+    names: list[str] = []
+    room = walk.limits.max_entries - walk.entries
     try:
-        return sorted(os.listdir(fd))
+        with os.scandir(fd) as listing:
+            for entry in listing:
+                names.append(entry.name)
+                if len(names) > room:
+                    break
     except OSError as exc:
         raise walk.fail(prefix.rstrip("/"), f"cannot read the directory: {exc.strerror}") from None
+    return sorted(names)
 
 
 def _lstat(fd: int, name: str, walk: _Walk, rel: str) -> os.stat_result:
