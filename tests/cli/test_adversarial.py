@@ -38,6 +38,8 @@ EXPECTED = {
     # mask check removed); leaving masked blocks unwritten is right only when a call's poison is -inf.
     "selection-masks-low-blocks": (2, "FAIL", "-inf where the reference is finite"),
     "selection-leaves-masked-unwritten": (2, "FAIL", "output out"),
+    # One snapshot (issue 20 part 2): a symlinked directory is refused by the read, nothing behind it copied.
+    "snapshot-symlinked-dir": (2, "FAIL", "notes:0: [symlink]"),
 }
 
 
