@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cacheon.bundle.snapshot import read_snapshot
 from cacheon.bundle.manifest import load_manifest
+from cacheon.bundle.snapshot import read_snapshot
 from cacheon.verify.runner import VerifyOptions, verify_bundle
 from tests.conftest import EXAMPLES, REPO, assert_verdict, write_bundle
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from cacheon.bundle.snapshot import read_snapshot
 from cacheon.bundle.manifest import load_manifest
+from cacheon.bundle.snapshot import read_snapshot
 from cacheon.contract.catalog import SILU_AND_MUL
 from cacheon.verify.graphs import EMULATED_BACKEND
 from cacheon.verify.report import GraphStatus, Stage

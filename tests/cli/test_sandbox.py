@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from cacheon.bundle.snapshot import read_snapshot
 from cacheon.bundle.manifest import load_manifest
+from cacheon.bundle.snapshot import read_snapshot
 from cacheon.verify.plan import Confinement, VerifyOptions
 from cacheon.verify.report import VerifyReport
 from cacheon.verify.runner import verify_bundle

@@ -15,6 +15,7 @@ points at the moment it is read (a link above the root, in the path the user typ
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -244,10 +245,8 @@ def materialise(snapshot: Snapshot, declared: tuple[str, ...], dest: Path) -> No
             fd = os.dup(top)
             try:
                 for part in parents:
-                    try:
+                    with contextlib.suppress(FileExistsError):
                         os.mkdir(part, 0o755, dir_fd=fd)
-                    except FileExistsError:
-                        pass
                     inner = os.open(part, DIR_FLAGS, dir_fd=fd)
                     os.close(fd)
                     fd = inner
@@ -255,7 +254,7 @@ def materialise(snapshot: Snapshot, declared: tuple[str, ...], dest: Path) -> No
                               dir_fd=fd)
                 with os.fdopen(out, "wb") as fh:
                     fh.write(snapshot.files[rel])
-                    os.fchmod(fh.fileno(), 0o644)
+                    os.fchmod(fh.fileno(), 0o644)  # whatever the umask: the sandbox's uid reads it
             finally:
                 os.close(fd)
     finally:
