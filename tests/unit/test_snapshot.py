@@ -228,7 +228,7 @@ def test_a_directory_of_many_names_is_refused_at_the_bound(tmp_path):
 
 
 def test_a_filesystem_mounted_inside_the_bundle_is_not_entered(tmp_path):
-    """A tmpfs holding a host file, mounted inside the bundle (in a private mount namespace, by
+    """A tmpfs holding a host file, and a file of /dev/shm, mounted inside the bundle (in a private mount namespace, by
     bubblewrap). A bind mount of a directory of the bundle's own filesystem keeps its device number
     and is not detected: making one takes a mount namespace the verifier's caller controls."""
     bwrap = shutil.which("bwrap")
@@ -239,13 +239,20 @@ def test_a_filesystem_mounted_inside_the_bundle_is_not_entered(tmp_path):
     host = tmp_path / "host"
     host.mkdir()
     (host / "secret.txt").write_text("host secret\n")
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == root.stat().st_dev:
+        pytest.skip("no /dev/shm on another filesystem than the test's temporary directory")
+    other = shm / f"cacheon-test-{os.getpid()}.txt"
+    other.write_text("other filesystem secret\n")
     code = ("import sys; from cacheon.bundle.snapshot import read_snapshot; s = read_snapshot(sys.argv[1]); "
             "print(sorted(s.refused), sorted(s.files))")
     ran = subprocess.run([bwrap, "--dev-bind", "/", "/", "--tmpfs", str(root / "sub"), "--ro-bind",
-                          str(host / "secret.txt"), str(root / "sub" / "secret.txt"), sys.executable, "-c", code,
-                          str(root)],
+                          str(host / "secret.txt"), str(root / "sub" / "secret.txt"), "--ro-bind", str(other),
+                          str(root / "README.md"), sys.executable, "-c", code, str(root)],
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    other.unlink()
     if ran.returncode and "bwrap" in ran.stderr:
         pytest.skip(f"bubblewrap cannot make a mount namespace here: {ran.stderr.strip()}")
     assert ran.returncode == 0, ran.stderr
-    assert "'sub', 'mount-point'" in ran.stdout and "secret" not in ran.stdout
+    assert "'sub', 'mount-point'" in ran.stdout and "'README.md', 'mount-point'" in ran.stdout
+    assert "secret" not in ran.stdout

@@ -140,8 +140,8 @@ class _Walk:
             listed = _lstat(fd, name, self, rel)
             if stat.S_ISLNK(listed.st_mode):
                 self.refused.append((rel, "symlink", "symbolic link; not followed"))
-            elif stat.S_ISDIR(listed.st_mode) and listed.st_dev != self.device:
-                self.refused.append((rel, "mount-point", "another filesystem is mounted here; not entered"))
+            elif listed.st_dev != self.device:
+                self.refused.append((rel, "mount-point", "on another filesystem (a mount); not entered or read"))
             elif stat.S_ISDIR(listed.st_mode):
                 child = _open(fd, name, DIR_FLAGS, listed, self, rel)
                 try:

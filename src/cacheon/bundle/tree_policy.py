@@ -35,7 +35,7 @@ _METADATA = re.compile(r"(readme|licen[cs]e|notice|changelog)([-_][a-z0-9]+)?(\.
 RULES: dict[str, str] = {
     "symlink": "a symbolic link (never followed)",
     "special-file": "a FIFO, socket or device node (never opened)",
-    "mount-point": "a directory on another filesystem than the bundle's (a mount; never entered)",
+    "mount-point": "a directory or file on another filesystem than the bundle's root (a mount; never entered or read)",
     "hardlink": "a regular file with more than one hard link (another name, maybe outside the bundle, shares it)",
     "bad-filename": "a file name that is not printable text or holds a backslash",
     "undeclared-file": "a file the manifest does not declare (root README/LICENSE/NOTICE/CHANGELOG excepted)",
