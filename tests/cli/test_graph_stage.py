@@ -2,8 +2,8 @@
 
 import pytest
 
-from cacheon.bundle.digest import bundle_digest
 from cacheon.bundle.manifest import load_manifest
+from cacheon.bundle.snapshot import read_snapshot
 from cacheon.contract.catalog import SILU_AND_MUL
 from cacheon.verify.graphs import EMULATED_BACKEND
 from cacheon.verify.report import GraphStatus, Stage
@@ -34,7 +34,7 @@ def verify(root, **options):
     # A fixed seed: the counting cheat keys on output shapes, and this seed draws none of the
     # registered ones again in the eager stage. The graph stage runs before the stability stage.
     options = {"dtypes": ("float32",), "graph_backend": EMULATED_BACKEND, "seed": 3, "stability_calls": 0, **options}
-    return verify_bundle(root, load_manifest(root), bundle_digest(root), VerifyOptions(**options))
+    return verify_bundle(snapshot := read_snapshot(root), load_manifest(snapshot), VerifyOptions(**options))
 
 
 def test_faithful_bundle_replays_cleanly_but_emulation_is_no_proof():

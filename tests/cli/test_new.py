@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cacheon import starters
-from cacheon.bundle.paths import walk_files
+from cacheon.bundle.snapshot import read_snapshot
 from cacheon.contract.catalog import SLOTS
 from tests.conftest import EXAMPLES
 
@@ -40,7 +40,7 @@ def test_the_example_is_the_starter_as_written(name):
     """One source for the kernel text: regenerate with `cacheon new SLOT examples/bundles/NAME --force`."""
     root = EXAMPLES / name
     written = starters.starter(EXAMPLE_OF[name]).files(name)
-    on_disk = {rel.as_posix(): (root / rel).read_text() for rel in walk_files(root)}
+    on_disk = {rel: data.decode() for rel, data in read_snapshot(root).files.items()}
     assert on_disk == written, f"examples/bundles/{name} drifted from its starter: rerun `cacheon new " \
         f"{EXAMPLE_OF[name]} examples/bundles/{name} --force`"
 

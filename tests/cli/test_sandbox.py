@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from cacheon.bundle.digest import bundle_digest
 from cacheon.bundle.manifest import load_manifest
+from cacheon.bundle.snapshot import read_snapshot
 from cacheon.verify.plan import Confinement, VerifyOptions
 from cacheon.verify.report import VerifyReport
 from cacheon.verify.runner import verify_bundle
@@ -42,7 +42,7 @@ def run(tmp_path: Path, name: str, escape: str, confinement: Confinement) -> Ver
     root = write_bundle(tmp_path / f"{name}-{confinement.value}", "activation.silu_and_mul", "silu_and_mul",
                         "import os\nimport sys\nimport torch\n" + textwrap.dedent(escape) + KERNEL)
     options = VerifyOptions(dtypes=("float32",), stability_calls=10, confinement=confinement, timeout=60)
-    return verify_bundle(root, load_manifest(root), bundle_digest(root), options)
+    return verify_bundle(snapshot := read_snapshot(root), load_manifest(snapshot), options)
 
 
 def failed_cleanly(report: VerifyReport, text: str) -> None:

@@ -7,9 +7,12 @@ the adapter path ran (a faithful bundle alone cannot prove that). Disarming rest
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
+from cacheon.bundle.admission import admit
 from cacheon.runtime import activation as act_mod
 from cacheon.runtime import plugin
 from cacheon.runtime.activation import ActivationError, activate
@@ -143,3 +146,39 @@ def test_the_plugin_arms_the_bundle_named_by_the_environment(layers, monkeypatch
         assert receipt["seam"] == SILU and receipt["fired"] == 1 and receipt["bundle_digest"] == armed.digest
     finally:
         armed.disarm()
+
+
+def _silu_copy(tmp_path):
+    root = tmp_path / "bundle"
+    shutil.copytree(EXAMPLES / "silu-torch", root)
+    return root
+
+
+def test_a_source_swapped_between_admission_and_import_is_not_what_is_armed(layers, tmp_path, monkeypatch):
+    modules, x = layers
+    root = _silu_copy(tmp_path)
+    admitted = admit(root).digest
+    real = act_mod.load_entry
+
+    def swap_then_load(*args, **kwargs):  # after activate() admitted the bundle, before it imports it
+        (root / "kernels" / "silu_and_mul.py").write_text("def silu_and_mul(x, out):\n    out.zero_()\n")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(act_mod, "load_entry", swap_then_load)
+    with activate(root) as armed:
+        assert armed.digest == admitted
+        assert torch.equal(modules[SILU](x[SILU]), _stock(layers, SILU))  # the admitted bytes run, not zeros
+
+
+def test_bytes_changed_after_verify_are_refused_by_the_admitted_digest(layers, tmp_path, monkeypatch):
+    root = _silu_copy(tmp_path)
+    verified = admit(root).digest  # what `cacheon verify` recorded
+    (root / "kernels" / "silu_and_mul.py").write_text("def silu_and_mul(x, out):\n    out.zero_()\n")
+    with pytest.raises(ActivationError, match=f"is not the expected {verified}"):
+        activate(root, expected_digest=verified)
+    assert act_mod.active() is None
+    monkeypatch.setenv(plugin.BUNDLE_ENV, str(root))
+    monkeypatch.setenv(plugin.DIGEST_ENV, str(verified))
+    refused = plugin.arm_from_environment()  # serving: a refusal is armed, never the changed bytes
+    assert refused is not None and refused.digest is None and not refused.receipts
+    refused.disarm()

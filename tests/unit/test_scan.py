@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cacheon.bundle import tree_policy
+from cacheon.bundle import snapshot, tree_policy
 from cacheon.bundle.scan import RULES, Finding, ScanReport, scan_bundle
 from cacheon.errors import UsageError
 
@@ -192,11 +192,11 @@ def test_unreadable_directory_is_unusable_input(tmp_path: Path, monkeypatch: pyt
     declared = make_bundle(tmp_path, {"sub/k.py": KERNEL})
     real_scandir = os.scandir
 
-    def scandir(path: str):
-        if path.endswith("sub"):
+    def scandir(fd: int):  # the walk lists directories by descriptor; as root, chmod 000 does not stop it
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("sub"):
             raise PermissionError(13, "Permission denied")
-        return real_scandir(path)
+        return real_scandir(fd)
 
-    monkeypatch.setattr(tree_policy.os, "scandir", scandir)
+    monkeypatch.setattr(snapshot.os, "scandir", scandir)
     with pytest.raises(UsageError, match="sub"):
         scan_bundle(tmp_path, declared)

@@ -18,11 +18,11 @@ import tarfile
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from cacheon.bundle.digest import bundle_digest
 from cacheon.bundle.manifest import load_manifest
-from cacheon.bundle.paths import check_relative, is_bytecode, walk_files
+from cacheon.bundle.paths import check_relative, is_bytecode
+from cacheon.bundle.snapshot import Snapshot, read_snapshot
 from cacheon.errors import UsageError
 
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
@@ -45,19 +45,22 @@ class ArchiveLimits:
     max_overhead_bytes: int = 8 * 1024 * 1024
 
 
-def write_archive(bundle_dir: Path, out: Path) -> str:
-    """Write ``out`` from a valid bundle and return the bundle content digest."""
-    root = Path(bundle_dir)
-    load_manifest(root)
-    digest = bundle_digest(root)  # refuses symlinks
-    bytecode = [rel for rel in walk_files(root) if is_bytecode(rel)]
+def write_archive(bundle: Path | Snapshot, out: Path) -> str:
+    """Write ``out`` from a valid bundle snapshot (a path is read into one first) and return its
+    content digest: the archive holds exactly the bytes that were digested."""
+    snapshot = bundle if isinstance(bundle, Snapshot) else read_snapshot(bundle)
+    load_manifest(snapshot)
+    digest = snapshot.require_digest()  # refuses links, special files, ...
+    names = sorted(snapshot.files, key=lambda r: r.split("/"))
+    bytecode = [rel for rel in names if is_bytecode(PurePosixPath(rel))]
     if bytecode:
-        raise UsageError(f"{root}: {bytecode[0]} is bytecode; remove every __pycache__/*.pyc before packaging")
+        raise UsageError(f"{snapshot.root}: {bytecode[0]} is bytecode; remove every __pycache__/*.pyc before "
+                         "packaging")
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for rel in walk_files(root):
-            data = (root / rel).read_bytes()
-            info = tarfile.TarInfo(rel.as_posix())
+        for rel in names:
+            data = snapshot.files[rel]
+            info = tarfile.TarInfo(rel)
             info.size, info.mtime, info.mode = len(data), 0, 0o644
             info.uid = info.gid = 0
             info.uname = info.gname = ""

@@ -1,9 +1,11 @@
 """Importing a bundle's entry function, from its declared ``.py`` sources and nothing else.
 
 Only ever called after ``scan`` admitted the bundle, and by the verifier only inside its sandboxed
-child. The bundle root is never put on ``sys.path``: a meta-path finder serves exactly the
-manifest's declared sources, under a package private to that bundle, through a loader that
-compiles the source text itself. No bytecode is read (a shipped ``.pyc`` or ``__pycache__`` is
+child. It imports from a :class:`~cacheon.bundle.snapshot.Snapshot`, the bytes read once (and,
+where the caller names the admitted digest, checked against it): nothing is read from disk at
+import time. The bundle root is never put on ``sys.path``: a meta-path finder serves exactly the
+manifest's declared sources, under a package private to that content, through a loader that
+compiles the source bytes itself. No bytecode is read (a shipped ``.pyc`` or ``__pycache__`` is
 never looked at) and none is written. A source may import its siblings relatively
 (``from . import helper``) or by their top-level name (``import helper``); the latter is mapped
 onto the bundle's own package, so two bundles in one process never see each other's modules.
@@ -24,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from cacheon.bundle.manifest import OpEntry, load_manifest
+from cacheon.bundle.snapshot import Snapshot, read_snapshot
 from cacheon.errors import UsageError
 
 _real_import = builtins.__import__
@@ -44,10 +47,10 @@ def module_name(rel: str) -> str | None:
 
 
 class _SourceLoader(importlib.abc.Loader):
-    """Compile and run one declared source file; ``path`` None makes an empty package."""
+    """Compile and run one declared source's bytes; ``source`` None makes an empty package."""
 
-    def __init__(self, path: Path | None, importer: Callable[..., ModuleType]) -> None:
-        self.path = path
+    def __init__(self, source: tuple[str, bytes] | None, importer: Callable[..., ModuleType]) -> None:
+        self.source = source  # (origin for tracebacks, the snapshot's bytes)
         self.importer = importer
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
@@ -57,26 +60,27 @@ class _SourceLoader(importlib.abc.Loader):
         scope = dict(vars(builtins))
         scope["__import__"] = self.importer
         module.__dict__["__builtins__"] = scope
-        if self.path is None:
+        if self.source is None:
             return
-        code = compile(self.path.read_bytes(), str(self.path), "exec", dont_inherit=True)
+        origin, data = self.source
+        code = compile(data, origin, "exec", dont_inherit=True)
         exec(code, module.__dict__)
 
 
 class BundleImporter(importlib.abc.MetaPathFinder):
     """Serves one bundle's declared sources as ``<prefix>.<dotted name>`` modules."""
 
-    def __init__(self, root: Path, declared: Iterable[str]) -> None:
-        self.root = root
-        self.prefix = "_cacheon_bundle_" + hashlib.sha256(str(root).encode()).hexdigest()[:12]
-        self.files: dict[str, Path] = {}
+    def __init__(self, snapshot: Snapshot, digest: str, declared: Iterable[str]) -> None:
+        self.snapshot = snapshot
+        self.prefix = "_cacheon_bundle_" + digest.removeprefix("sha256:")[:16]
+        self.files: dict[str, tuple[str, bytes]] = {}
         packages: set[str] = set()
         with_init: set[str] = set()
         for rel in declared:
             name = module_name(rel)
             if name is None:
                 continue
-            self.files[name] = root / rel
+            self.files[name] = self._source(rel)
             parts = name.split(".")
             packages.update(".".join(parts[:i]) for i in range(1, len(parts)))
             if PurePosixPath(rel).name == "__init__.py":
@@ -84,6 +88,9 @@ class BundleImporter(importlib.abc.MetaPathFinder):
         self.packages = frozenset(packages | with_init)
         self.packages_with_init = frozenset(with_init)
         self.roots = frozenset(name.split(".")[0] for name in self.files)
+
+    def _source(self, rel: str) -> tuple[str, bytes]:
+        return str(Path(self.snapshot.root) / rel), self.snapshot.files[rel]
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
@@ -99,7 +106,7 @@ class BundleImporter(importlib.abc.MetaPathFinder):
         file = self.files.get(local) if local else None
         is_package = not local or local in self.packages
         spec = importlib.machinery.ModuleSpec(
-            fullname, _SourceLoader(file, self.import_for_bundle), origin=str(file) if file else None,
+            fullname, _SourceLoader(file, self.import_for_bundle), origin=file[0] if file else None,
             is_package=is_package,
         )
         spec.has_location = file is not None
@@ -128,7 +135,7 @@ class BundleImporter(importlib.abc.MetaPathFinder):
         synthetic = f"{self.prefix}_source_{hashlib.sha256(rel.encode()).hexdigest()[:12]}"
         module = sys.modules.get(synthetic)
         if module is None:
-            spec = importlib.util.spec_from_loader(synthetic, _SourceLoader(self.root / rel, self.import_for_bundle))
+            spec = importlib.util.spec_from_loader(synthetic, _SourceLoader(self._source(rel), self.import_for_bundle))
             assert spec is not None and spec.loader is not None  # spec_from_loader with a loader
             module = importlib.util.module_from_spec(spec)
             sys.modules[synthetic] = module
@@ -136,7 +143,7 @@ class BundleImporter(importlib.abc.MetaPathFinder):
         return module
 
 
-_importers: dict[Path, BundleImporter] = {}
+_importers: dict[str, BundleImporter] = {}
 
 
 def _refuse_shadowing(importer: BundleImporter) -> None:
@@ -147,21 +154,27 @@ def _refuse_shadowing(importer: BundleImporter) -> None:
             raise UsageError(f"bundle module {name!r} shadows the installed module {name!r}; rename it")
 
 
-def importer_for(bundle_dir: Path) -> BundleImporter:
-    """The one importer of the bundle at ``bundle_dir`` in this process (installed on first use)."""
-    root = Path(bundle_dir).resolve()
-    importer = _importers.get(root)
+def importer_for(bundle: Path | Snapshot, digest: str | None = None) -> BundleImporter:
+    """The one importer of this bundle content in this process (installed on first use). A path is
+    read into a snapshot first; with ``digest`` (the admitted one) other content is refused."""
+    snapshot = bundle if isinstance(bundle, Snapshot) else read_snapshot(bundle)
+    if digest is not None:
+        snapshot.check(digest)
+    actual = snapshot.require_digest()
+    importer = _importers.get(actual)
     if importer is None:
-        importer = BundleImporter(root, load_manifest(root).declared_files())
+        importer = BundleImporter(snapshot, actual, load_manifest(snapshot).declared_files())
         _refuse_shadowing(importer)
         sys.meta_path.insert(0, importer)
-        _importers[root] = importer
+        _importers[actual] = importer
     return importer
 
 
-def load_entry(bundle_dir: Path, op: OpEntry, name: str | None = None) -> Callable[..., Any]:
+def load_entry(
+    bundle: Path | Snapshot, op: OpEntry, name: str | None = None, *, digest: str | None = None
+) -> Callable[..., Any]:
     """Import ``op.source`` and return its function ``name`` (default: the op's entry; or its ``prepare``)."""
-    module = importer_for(bundle_dir).import_source(op.source)
+    module = importer_for(bundle, digest).import_source(op.source)
     name = name or op.entry
     function = getattr(module, name, None)
     if not callable(function):

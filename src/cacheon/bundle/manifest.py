@@ -6,10 +6,11 @@ from __future__ import annotations
 import re
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
-from cacheon.bundle.paths import check_relative, resolve_file
+from cacheon.bundle.paths import check_relative
+from cacheon.bundle.snapshot import Snapshot, read_snapshot
 from cacheon.contract.catalog import ABI_VERSION, SLOTS
 from cacheon.errors import UsageError
 
@@ -52,18 +53,19 @@ def valid_bundle_id(text: str) -> bool:
     return bool(_BUNDLE_ID.fullmatch(text))
 
 
-def load_manifest(bundle_dir: Path) -> Manifest:
-    root = Path(bundle_dir)
-    if not root.is_dir():
-        raise UsageError(f"{root} is not a bundle directory")
-    path = root / MANIFEST_NAME
-    if path.is_symlink() or not path.is_file():
+def load_manifest(bundle: Path | Snapshot) -> Manifest:
+    """The manifest of a bundle snapshot (a path is read into one first): its paths must name
+    regular files of that same snapshot, so the manifest and the files it vouches for are one read."""
+    snapshot = bundle if isinstance(bundle, Snapshot) else read_snapshot(bundle)
+    path = Path(snapshot.root) / MANIFEST_NAME
+    data = snapshot.files.get(MANIFEST_NAME)
+    if data is None:
         raise ManifestError(f"{path}: missing {MANIFEST_NAME} (a bundle is a directory with a manifest)")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        parsed = tomllib.loads(data.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{path}: not valid TOML: {exc}") from None
-    return _parse(data, root, path)
+    return _parse(parsed, snapshot, path)
 
 
 def _fail(path: Path, key: str, message: str) -> ManifestError:
@@ -90,13 +92,18 @@ def _unknown(data: dict[str, Any], allowed: set[str], path: Path, where: str) ->
         raise _fail(path, where + extra[0], f"unknown key (allowed: {', '.join(sorted(allowed))})")
 
 
-def _declared_path(root: Path, text: str, path: Path, where: str) -> str:
-    rel = check_relative(text, f"{path}: {where}")
-    resolve_file(root, rel, f"{path}: {where}")
-    return PurePosixPath(rel).as_posix()
+def _declared_path(snapshot: Snapshot, text: str, path: Path, where: str) -> str:
+    rel = check_relative(text, f"{path}: {where}").as_posix()
+    if rel not in snapshot.files:
+        hit = snapshot.refusal(rel)
+        if hit is None:
+            raise UsageError(f"{path}: {where}: {rel} does not exist in bundle {snapshot.root}")
+        how = "goes through a symlink" if hit[1] == "symlink" else f"is refused ({hit[1]})"
+        raise UsageError(f"{path}: {where}: {rel} {how} ({hit[0]})")
+    return rel
 
 
-def _parse(data: dict[str, Any], root: Path, path: Path) -> Manifest:
+def _parse(data: dict[str, Any], snapshot: Snapshot, path: Path) -> Manifest:
     _unknown(data, _TOP_KEYS, path, "")
     bundle_id = _string(data, "bundle_id", path, "")
     if not _BUNDLE_ID.match(bundle_id):
@@ -108,13 +115,13 @@ def _parse(data: dict[str, Any], root: Path, path: Path) -> Manifest:
     if not isinstance(description, str):
         raise _fail(path, "description", "must be a string")
     include = tuple(
-        _declared_path(root, p, path, f"include[{i}]")
+        _declared_path(snapshot, p, path, f"include[{i}]")
         for i, p in enumerate(_string_list(data.get("include", []), path, "include"))
     )
     raw_ops = data.get("ops")
     if not isinstance(raw_ops, list) or not raw_ops or not all(isinstance(o, dict) for o in raw_ops):
         raise _fail(path, "ops", "must be a non-empty array of tables ([[ops]])")
-    ops = tuple(_parse_op(op, i, root, path) for i, op in enumerate(raw_ops))
+    ops = tuple(_parse_op(op, i, snapshot, path) for i, op in enumerate(raw_ops))
     slots = [op.slot for op in ops]
     duplicated = sorted({s for s in slots if slots.count(s) > 1})
     if duplicated:
@@ -122,7 +129,7 @@ def _parse(data: dict[str, Any], root: Path, path: Path) -> Manifest:
     return Manifest(bundle_id, abi, description, ops, include)
 
 
-def _parse_op(op: dict[str, Any], i: int, root: Path, path: Path) -> OpEntry:
+def _parse_op(op: dict[str, Any], i: int, snapshot: Snapshot, path: Path) -> OpEntry:
     where = f"ops[{i}]."
     _unknown(op, _OP_KEYS, path, where)
     slot = _string(op, "slot", path, where)
@@ -131,7 +138,7 @@ def _parse_op(op: dict[str, Any], i: int, root: Path, path: Path) -> OpEntry:
     source = _string(op, "source", path, where)
     if not source.endswith(".py"):
         raise _fail(path, where + "source", f"{source!r} must be a Python source file (.py)")
-    source = _declared_path(root, source, path, where + "source")
+    source = _declared_path(snapshot, source, path, where + "source")
     entry = _string(op, "entry", path, where)
     if not _IDENTIFIER.match(entry):
         raise _fail(path, where + "entry", f"{entry!r} is not a Python identifier")

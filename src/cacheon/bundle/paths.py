@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import stat
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from cacheon.errors import UsageError
 
@@ -29,29 +28,3 @@ def check_relative(text: str, where: str) -> PurePosixPath:
     if not rel.parts:
         raise UsageError(f"{where}: {text!r} names no file")
     return rel
-
-
-def resolve_file(root: Path, rel: PurePosixPath, where: str) -> Path:
-    """The regular file at ``root/rel``; no component may be a symlink (symlinks escape bundles)."""
-    current = root
-    for part in rel.parts:
-        current = current / part
-        try:
-            mode = current.lstat().st_mode
-        except FileNotFoundError:
-            raise UsageError(f"{where}: {rel} does not exist in bundle {root}") from None
-        if stat.S_ISLNK(mode):
-            raise UsageError(f"{where}: {rel} goes through a symlink ({current.relative_to(root)})")
-    if not stat.S_ISREG(current.lstat().st_mode):
-        raise UsageError(f"{where}: {rel} is not a regular file")
-    return current
-
-
-def walk_files(root: Path) -> list[PurePosixPath]:
-    """Every entry below ``root`` but directories, as sorted relative paths, symlinks included (not followed)."""
-    found: list[PurePosixPath] = []
-    for path in sorted(root.rglob("*")):
-        rel = PurePosixPath(path.relative_to(root).as_posix())
-        if path.is_symlink() or not path.is_dir():
-            found.append(rel)
-    return found

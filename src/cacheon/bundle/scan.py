@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cacheon.bundle import ast_policy, tree_policy
-from cacheon.errors import UsageError
+from cacheon.bundle.snapshot import Snapshot, read_snapshot
 
 ENTRY_RULE = "missing-entry"
 #: every rule id the scan can report, with what it catches
@@ -60,16 +60,16 @@ class ScanReport:
         }
 
 
-def scan_bundle(root: Path, declared: Iterable[str], entries: Mapping[str, Iterable[str]] | None = None) -> ScanReport:
-    """Scan the bundle at ``root``; ``declared`` are the manifest's relative POSIX paths
-    (``manifest.toml``, every op source, every include), ``entries`` the function names the
-    manifest expects at the top level of each source. Raises :class:`UsageError` when ``root``
-    is not a readable directory."""
-    root = Path(root)
-    if not root.is_dir():
-        raise UsageError(f"{root} is not a bundle directory")
+def scan_bundle(
+    bundle: Path | Snapshot, declared: Iterable[str], entries: Mapping[str, Iterable[str]] | None = None
+) -> ScanReport:
+    """Scan a bundle snapshot (a path is read into one first); ``declared`` are the manifest's
+    relative POSIX paths (``manifest.toml``, every op source, every include), ``entries`` the
+    function names the manifest expects at the top level of each source. Raises
+    :class:`UsageError` when a path is not a readable bundle directory."""
+    snapshot = bundle if isinstance(bundle, Snapshot) else read_snapshot(bundle)
     declared = tuple(declared)
-    tree = tree_policy.scan_tree(root, declared)
+    tree = tree_policy.scan_tree(snapshot, declared)
     found = {Finding(rel, 0, rule, message) for rel, rule, message in tree.hits}
     roots = ast_policy.local_roots(declared)
     for rel, data in tree.sources:

@@ -2,25 +2,27 @@
 
 A bundle is reviewable text that the manifest vouches for. Binaries and precompiled kernels
 cannot be reviewed or scanned, undeclared files are not what the manifest (and so the digest
-a reviewer signs off) describes, and symlinks mean different things on different hosts. The walk
-never follows a link and never opens anything but regular files; it hands the Python sources on
-to the AST policy.
+a reviewer signs off) describes, and symlinks mean different things on different hosts. The
+policy reads nothing itself: it judges a :class:`~cacheon.bundle.snapshot.Snapshot` (read once,
+never following a link, opening nothing but regular files) and hands its Python sources on to
+the AST policy.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from cacheon.bundle.paths import BYTECODE_DIRS, is_bytecode
-from cacheon.errors import UsageError
+from cacheon.bundle.snapshot import LIMITS, Snapshot
 
 TreeHit = tuple[str, str, str]  # (relative path, rule, message)
 
-MAX_FILE_BYTES = 1 << 20
+MAX_FILE_BYTES = LIMITS.max_file_bytes
+#: refusals of what is a regular file, only one the snapshot would not read
+REGULAR_REFUSALS = frozenset({"oversized-file", "hardlink"})
 PYTHON_SUFFIXES = frozenset({".py", ".pyw"})
 PRECOMPILED_SUFFIXES = frozenset({".cubin", ".fatbin", ".hsaco", ".ptx"})
 BINARY_SUFFIXES = frozenset({
@@ -32,7 +34,9 @@ _METADATA = re.compile(r"(readme|licen[cs]e|notice|changelog)([-_][a-z0-9]+)?(\.
 
 RULES: dict[str, str] = {
     "symlink": "a symbolic link (never followed)",
-    "special-file": "a FIFO, socket or device node",
+    "special-file": "a FIFO, socket or device node (never opened)",
+    "mount-point": "a directory or file on another filesystem than the bundle's root (a mount; never entered or read)",
+    "hardlink": "a regular file with more than one hard link (another name, maybe outside the bundle, shares it)",
     "bad-filename": "a file name that is not printable text or holds a backslash",
     "undeclared-file": "a file the manifest does not declare (root README/LICENSE/NOTICE/CHANGELOG excepted)",
     "missing-file": "a declared file that is not a regular file in the bundle",
@@ -53,50 +57,39 @@ class TreeScan:
     files: int = 0
 
 
-def scan_tree(root: str | os.PathLike[str], declared: Iterable[str]) -> TreeScan:
-    """Walk ``root`` (without following links) and apply the tree policy to every entry.
-
-    Bytecode (``__pycache__``, ``*.pyc``) is a finding, never skipped. Unreadable directories or
-    files are unusable input (:class:`UsageError`), not findings.
-    """
+def scan_tree(snapshot: Snapshot, declared: Iterable[str]) -> TreeScan:
+    """Apply the tree policy to every entry of ``snapshot``: its refusals (links, special files,
+    hard links, oversized files, names that are not text) are findings, and so is bytecode (a
+    ``__pycache__`` directory once, its contents not inspected; a ``*.pyc`` anywhere else)."""
     wanted = {PurePosixPath(p).as_posix() for p in declared}
-    seen: set[str] = set()
     out = TreeScan()
-    stack = [(os.fspath(root), "")]
-    while stack:
-        directory, prefix = stack.pop()
-        for entry in _entries(directory, prefix):
-            rel = prefix + entry.name
-            if not entry.name.isprintable() or "\\" in entry.name:
-                out.hits.append((ascii(rel)[1:-1], "bad-filename", "name is not printable; not inspected"))
-            elif entry.is_symlink():
-                out.hits.append((rel, "symlink", "symbolic link; not followed"))
-            elif entry.is_dir(follow_symlinks=False):
-                if entry.name in BYTECODE_DIRS:
-                    out.hits.append((rel, "bytecode", "a bytecode cache directory; remove it (not inspected)"))
-                else:
-                    stack.append((entry.path, rel + "/"))
-            elif not entry.is_file(follow_symlinks=False):
-                out.hits.append((rel, "special-file", "not a regular file or directory"))
-            elif is_bytecode(PurePosixPath(rel)):
-                out.hits.append((rel, "bytecode", "compiled Python; ship the source only"))
-            else:
-                seen.add(rel)
-                out.files += 1
-                _check_file(entry.path, rel, rel in wanted, out)
+    out.hits.extend(snapshot.refused)
+    caches: list[str] = []
+    for directory in snapshot.directories:  # walk order: a directory comes before what is inside it
+        if PurePosixPath(directory).name in BYTECODE_DIRS and not _below(directory, caches):
+            caches.append(directory)
+            out.hits.append((directory, "bytecode", "a bytecode cache directory; remove it (not inspected)"))
+    # a refused regular file (too big, hard-linked) was still there: counted, and not "missing"
+    seen = {rel for rel, rule, _ in snapshot.refused if rule in REGULAR_REFUSALS}
+    out.files = len(seen)
+    for rel in sorted(snapshot.files):
+        if _below(rel, caches):
+            continue
+        if is_bytecode(PurePosixPath(rel)):
+            out.hits.append((rel, "bytecode", "compiled Python; ship the source only"))
+            continue
+        seen.add(rel)
+        out.files += 1
+        _check_file(snapshot.files[rel], rel, rel in wanted, out)
     out.hits.extend((rel, "missing-file", "declared but not a regular file") for rel in sorted(wanted - seen))
     return out
 
 
-def _entries(directory: str, prefix: str) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(directory) as it:
-            return sorted(it, key=lambda e: e.name)
-    except OSError as exc:
-        raise UsageError(f"cannot read bundle directory {prefix or '.'}: {exc.strerror}") from None
+def _below(rel: str, directories: Iterable[str]) -> bool:
+    return any(rel.startswith(d + "/") for d in directories)
 
 
-def _check_file(path: str, rel: str, declared: bool, out: TreeScan) -> None:
+def _check_file(data: bytes, rel: str, declared: bool, out: TreeScan) -> None:
     name = PurePosixPath(rel).name
     suffix = PurePosixPath(name).suffix.lower()
     if not declared and ("/" in rel or not _METADATA.fullmatch(name)):
@@ -107,23 +100,10 @@ def _check_file(path: str, rel: str, declared: bool, out: TreeScan) -> None:
     if suffix in BINARY_SUFFIXES:
         out.hits.append((rel, "binary-file", f"{suffix} files are binaries"))
         return
-    data = _read(path, rel)
-    if len(data) > MAX_FILE_BYTES:
-        out.hits.append((rel, "oversized-file", f"larger than {MAX_FILE_BYTES} bytes; not inspected"))
-    elif b"\0" in data or not _is_utf8(data):
+    if b"\0" in data or not _is_utf8(data):
         out.hits.append((rel, "binary-file", "content is not UTF-8 text"))
     elif suffix in PYTHON_SUFFIXES:
         out.sources.append((rel, data))
-
-
-def _read(path: str, rel: str) -> bytes:
-    """At most one byte past the size limit; O_NOFOLLOW so a swapped-in link is refused, not read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as fh:
-            return fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"cannot read bundle file {rel}: {exc.strerror}") from None
 
 
 def _is_utf8(data: bytes) -> bool:

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
               f"violation(s); nothing written", file=sys.stderr)
         return 2
     with written_whole(out) as temporary:
-        digest = write_archive(args.bundle, temporary)
+        digest = write_archive(admission.snapshot, temporary)  # the scanned bytes, not a second read
     if args.json:
         print_json({"archive": str(out), "bundle_id": admission.manifest.bundle_id, "bundle_digest": digest,
                     "bytes": out.stat().st_size})

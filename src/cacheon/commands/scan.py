@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         for f in report.findings:
             print(f)
         verdict = "clean" if report.clean else f"{len(report.findings)} violation(s)"
-        digest = admission.digest or "(no digest: the tree holds a symlink)"
+        digest = admission.digest or "(no digest: the tree holds an entry the snapshot refuses)"
         print(f"{admission.manifest.bundle_id} {digest}: {report.files_scanned} file(s) scanned, {verdict}")
     admission.require_usable_manifest(args.bundle)
     return 0 if report.clean else 2

@@ -141,12 +141,12 @@ def run(args: argparse.Namespace) -> int:
                        "executed": False}
             if args.json:
                 print_json({**details, "bundle_digest": admission.digest, "scan": admission.scan.to_json()})
-            # a tree with a symlink has no digest: the record then names the bundle by its manifest id
+            # a snapshot that refused an entry (a link, ...) has no digest: the record names the manifest id
             named = admission.manifest.bundle_id
             subject = bundle_subject(admission.digest) if admission.digest else f"bundle-id:{named}"
             record_from_cli(args, evidence_class=EvidenceClass.COMPONENT, subject=subject, exit_code=2, details=details)
             return 2
-        assert admission.digest is not None  # an admitted tree has no symlink, so it has a digest
+        assert admission.digest is not None  # an admitted snapshot refused nothing, so it has a digest
         chosen_ops(admission.manifest, options, seed)  # an unknown --case is refused before anything runs
         if confinement is Confinement.BUBBLEWRAP:
             require_bubblewrap()  # refuse before anything is printed or run
@@ -154,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"verifying {admission.manifest.bundle_id} {admission.digest} on {args.device} "
                   f"(confinement {confinement.value}, seed {seed})", flush=True)
         with Progress(f"verifying {admission.manifest.bundle_id}: starting the sandbox", quiet=args.json) as shown:
-            report = verify_bundle(root, admission.manifest, admission.digest, options, _reporter(args, shown))
+            # the admitted snapshot: its bytes run and its digest is recorded, the path is not read again
+            report = verify_bundle(admission.snapshot, admission.manifest, options, _reporter(args, shown))
     if args.json:
         print_json(report.to_json(debug=args.debug))
     else:

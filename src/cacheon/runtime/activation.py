@@ -1,6 +1,8 @@
 """Arming an admitted bundle into the live SGLang layer classes at the pin, and disarming it.
 
-``activate`` admits the bundle (manifest, scan, digest), refuses anything it cannot arm completely
+``activate`` reads the bundle once into a snapshot and admits it (manifest, scan, digest); every op
+is then imported from those bytes, checked against the admitted digest, never from the path again.
+It refuses anything it cannot arm completely
 (a slot without an armable seam, a seam whose canary row is not ok, another SGLang version), then arms
 every seam serving each op through the pin's adapter. Partial arming never survives: any failure
 disarms what was armed. A process-group gate is armed too, so that in a multi-rank engine every rank
@@ -102,7 +104,7 @@ def activate(
             seams = seams_for_slot(op.slot)
             if not seams:
                 raise ActivationError(f"slot {op.slot} has no armable seam at sglang {adapter.PIN}")
-            entry = load_entry(root, op)
+            entry = load_entry(admission.snapshot, op, digest=digest)
             dtypes = frozenset(getattr(torch, name) for name in op.dtypes)
             for seam in seams:
                 row = check_surface(seam)

@@ -3,7 +3,9 @@
 
 SGLang 0.5.13.post1 calls ``load_plugins()`` in the engine process and at the start of every scheduler
 process (one per tensor-parallel rank), and calls each plugin with no arguments. Optional:
-``$CACHEON_BUNDLE_DIGEST`` (refuse any other content) and ``$CACHEON_RECEIPT_DIR`` (receipts as JSON).
+``$CACHEON_BUNDLE_DIGEST`` (the digest ``verify`` recorded: any other content is refused; without it a
+warning is logged and the directory's current content is armed) and ``$CACHEON_RECEIPT_DIR`` (receipts
+as JSON).
 
 A rank that cannot arm does not exit on the spot: ``load_plugins`` swallows exceptions, and a rank
 that dies before the distributed rendezvous leaves its peers waiting. It arms a refusal instead, so the
@@ -36,10 +38,14 @@ def arm_from_environment() -> Activation | None:
     if not bundle or active() is not None:
         return active()
     receipts = os.environ.get(RECEIPT_DIR_ENV, "").strip()
+    expected = os.environ.get(DIGEST_ENV, "").strip() or None
+    if expected is None:
+        logger.warning("cacheon: $%s is not set: arming whatever %s holds now, not a verified digest", DIGEST_ENV,
+                       bundle)
     try:
         activation = activate(
             bundle,
-            expected_digest=os.environ.get(DIGEST_ENV, "").strip() or None,
+            expected_digest=expected,
             receipt_dir=Path(receipts) if receipts else None,
         )
     except Exception as exc:

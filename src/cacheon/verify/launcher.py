@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import msgspec
 
 from cacheon.bundle.manifest import OpEntry
+from cacheon.bundle.snapshot import Snapshot, materialise
 from cacheon.errors import CacheonError
 from cacheon.verify import channel
 from cacheon.verify.child import BOOTSTRAP
@@ -77,25 +77,12 @@ def _child_env(device: str, workdir: str) -> dict[str, str]:
     return env
 
 
-def copy_bundle(root: Path, declared: tuple[str, ...], dest: Path) -> None:
-    """The declared files only, world-readable (the sandbox's uid reads them), never links."""
-    dest.mkdir(mode=0o755)
-    for rel in declared:
-        target = dest / PurePosixPath(rel)
-        for parent in reversed(target.relative_to(dest).parents[:-1]):
-            (dest / parent).mkdir(mode=0o755, exist_ok=True)
-        fd = os.open(root / rel, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as src, target.open("xb") as out:
-            shutil.copyfileobj(src, out)
-        target.chmod(0o644)
-
-
 class CandidateGroup:
     """The processes verifying one op: ``world`` ranks in one sandbox (or unconfined)."""
 
     def __init__(
         self,
-        bundle: Path,
+        bundle: Snapshot,
         declared: tuple[str, ...],
         op: OpEntry,
         device: str,
@@ -111,7 +98,7 @@ class CandidateGroup:
         tmp = Path(self._tmp.name)
         self.log_path = tmp / "candidate.log"
         self.log_path.touch(mode=0o600)
-        copy_bundle(bundle, declared, tmp / "bundle")
+        materialise(bundle, declared, tmp / "bundle")  # the admitted bytes, never the bundle's path again
         confined = confinement is Confinement.BUBBLEWRAP
         workdir = WORKDIR if confined else str(tmp / "work")
         if not confined:

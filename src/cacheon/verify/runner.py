@@ -8,12 +8,12 @@ the stability stage. Every output is judged here against the slot's float64 refe
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from cacheon.bundle.manifest import Manifest, OpEntry
+from cacheon.bundle.snapshot import Snapshot
 from cacheon.contract.catalog import get_slot
 from cacheon.contract.profiles import apply_profile
 from cacheon.contract.spec import SlotSpec
@@ -82,11 +82,13 @@ def world_size_for(slot: SlotSpec, options: VerifyOptions) -> int:
 
 
 def verify_bundle(
-    bundle_dir: Path, manifest: Manifest, digest: str, options: VerifyOptions, progress: Progress | None = None,
+    bundle: Snapshot, manifest: Manifest, options: VerifyOptions, progress: Progress | None = None,
     seed: int | None = None,
 ) -> VerifyReport:
-    """Verify every op of an admitted bundle. ``seed`` (else ``options.seed``, else OS entropy)
-    decides every draw of the run."""
+    """Verify every op of an admitted bundle snapshot: each child runs a copy written from its bytes,
+    and the report names its digest. ``seed`` (else ``options.seed``, else OS entropy) decides every
+    draw of the run."""
+    digest = bundle.require_digest()
     check_device(options.device)
     slots = [get_slot(op.slot) for op in manifest.ops]
     if options.world_size is not None and not any(s.kind == "collective" for s in slots):
@@ -99,7 +101,7 @@ def verify_bundle(
     threads = torch.get_num_threads()
     torch.set_num_threads(PARENT_THREADS)
     try:
-        ops = [_verify_op(Path(bundle_dir), declared, op, options, run_seed, progress, case)
+        ops = [_verify_op(bundle, declared, op, options, run_seed, progress, case)
                for op, case in chosen]
     finally:
         torch.set_num_threads(threads)
@@ -153,7 +155,7 @@ def _dtypes(slot: SlotSpec, op: OpEntry, requested: tuple[str, ...]) -> list[str
 
 
 def _verify_op(
-    bundle_dir: Path, declared: tuple[str, ...], op: OpEntry, options: VerifyOptions, seed: int,
+    bundle: Snapshot, declared: tuple[str, ...], op: OpEntry, options: VerifyOptions, seed: int,
     progress: Progress | None, case: str | None = None,
 ) -> OpReport:
     slot = _slot_for(op, options)
@@ -175,7 +177,7 @@ def _verify_op(
     done: list[StageResult] = []
     applied: dict[str, str] = {}
     try:
-        group = CandidateGroup(bundle_dir, declared, op, options.device, world, options.confinement,
+        group = CandidateGroup(bundle, declared, op, options.device, world, options.confinement,
                                options.resolved_limits(), options.timeout)
     except OSError as exc:  # starting the child failed: the harness, not the candidate
         raise InfrastructureError(f"verification harness failed for {slot.name}: {exc}") from exc
