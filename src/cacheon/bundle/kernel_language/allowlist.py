@@ -17,8 +17,9 @@ def _names(text: str) -> frozenset[str]:
 #: the modules a kernel may import or reach by attribute (``import torch.nn.functional as F``)
 MODULES = frozenset({
     "torch", "torch.nn", "torch.nn.functional", "torch.linalg", "torch.special", "torch.cuda",
-    "torch.cuda.nvtx", "torch.distributed", "triton", "triton.language", "triton.language.math",
-    "triton.language.extra", "triton.language.extra.libdevice", "math", "typing", "__future__",
+    "torch.cuda.nvtx", "torch.cpu", "torch.distributed", "triton", "triton.language", "triton.language.math",
+    "triton.language.extra", "triton.language.extra.cuda", "triton.language.extra.libdevice", "math", "typing",
+    "__future__",
 })  # fmt: skip
 
 _TORCH_DTYPES = _names("""
@@ -30,6 +31,9 @@ _TORCH_DTYPES = _names("""
 MEMBERS: dict[str, frozenset[str]] = {
     "torch": _TORCH_DTYPES | _names("""
         Size Tensor device dtype finfo iinfo no_grad
+        abs_ absolute addmv as_strided_ ceil_ clamp_ clamp_max_ clamp_min_ clip_ detach detach_ erf_ exp_ fill_
+        float_power floor_ get_device histogram index_put_ is_signed layout log_ nan_to_num_ neg_ ravel
+        reciprocal_ relu_ round_ rsqrt_ sigmoid_ sqrt_ tanh_ wait zero_
         abs acos add addcdiv addcmul addmm all allclose amax amin aminmax any arange argmax argmin argsort
         argwhere as_strided as_tensor asin atan atan2 baddbmm bincount bitwise_and bitwise_left_shift
         bitwise_not bitwise_or bitwise_right_shift bitwise_xor bmm broadcast_tensors broadcast_to bucketize
@@ -50,57 +54,58 @@ MEMBERS: dict[str, frozenset[str]] = {
     "torch.nn": _names("functional"),
     "torch.nn.functional": _names("""
         celu cosine_similarity elu embedding gelu glu group_norm hardsigmoid hardswish hardtanh layer_norm
-        leaky_relu linear log_softmax logsigmoid mish normalize one_hot pad relu relu6 rms_norm
+        leaky_relu linear log_softmax logsigmoid mish normalize one_hot pad relu relu6 relu_ rms_norm
         scaled_dot_product_attention selu sigmoid silu softmax softmin softplus softsign tanh threshold
     """),
     "torch.linalg": _names("cross diagonal matmul matrix_norm norm vecdot vector_norm"),
     "torch.special": _names("""
-        erf erfc erfcx erfinv exp2 expit expm1 log1p log_softmax logit logsumexp ndtr sinc softmax xlogy
+        erf erfc erfcx erfinv exp2 expit expm1 log1p log_softmax logit logsumexp ndtr round sinc softmax xlogy
     """),
     "torch.cuda": _names("""
-        Event Stream current_device current_stream default_stream device_count get_device_capability
-        get_device_name get_device_properties is_available is_current_stream_capturing stream synchronize
+        Event Stream cast current_device current_stream default_stream device_count get_device_capability
+        device get_device_name get_device_properties is_available is_current_stream_capturing stream synchronize
     """),
+    "torch.cpu": _names("synchronize"),  # reachable as a value through Tensor.cpu's name
     "torch.cuda.nvtx": _names("mark range range_pop range_push"),
     # the collective calls on the group the harness hands in; nothing that makes, joins or ends a group
     "torch.distributed": _names("""
         P2POp ReduceOp all_gather all_gather_into_tensor all_reduce all_to_all all_to_all_single barrier
-        batch_isend_irecv broadcast get_rank get_world_size irecv isend recv reduce reduce_scatter
-        reduce_scatter_tensor send
+        batch_isend_irecv broadcast gather get_rank get_world_size irecv isend recv reduce reduce_scatter
+        reduce_scatter_tensor scatter send
     """),
     "torch.distributed.ReduceOp": _names("AVG BAND BOR BXOR MAX MIN PRODUCT SUM"),
     "triton": _names("Config autotune cdiv heuristics jit next_power_of_2"),
     "triton.language": _names("""
-        PropagateNan TRITON_MAX_TENSOR_NUMEL abs advance arange argmax argmin associative_scan assume
+        PropagateNan TRITON_MAX_TENSOR_NUMEL abs add arange argmax argmin associative_scan assume
         atomic_add atomic_and atomic_cas atomic_max atomic_min atomic_or atomic_xchg atomic_xor bfloat16
         block_type broadcast broadcast_to cast cat cdiv ceil clamp const constexpr cos cumprod cumsum
         debug_barrier device_assert device_print div_rn dot dot_scaled dtype erf exp exp2 expand_dims fdiv
         flip float16 float32 float64 float8e4b15 float8e4b8 float8e4nv float8e5 float8e5b16 floor fma full
         gather histogram inline_asm_elementwise int1 int16 int32 int64 int8 interleave join load
         load_tensor_descriptor log log2 make_block_ptr make_tensor_descriptor max max_constancy
-        max_contiguous maximum min minimum multiple_of num_programs pair_uniform_to_normal permute philox
-        pi32_t pointer_type program_id rand rand4x randint randint4x randn randn4x range ravel reduce
+        max_contiguous maximum min minimum mul multiple_of num_programs pair_uniform_to_normal permute philox
+        pi32_t pointer_type program_id rand rand4x randint randint4x randn randn4x range ravel reduce reduce_or
         reshape rsqrt sigmoid sin softmax sort split sqrt sqrt_rn squeeze static_assert static_print
-        static_range store store_tensor_descriptor sum swizzle2d tensor topk trans uint16 uint32 uint64
+        static_range store store_tensor_descriptor sub sum swizzle2d tensor topk trans uint16 uint32 uint64
         uint8 uint_to_uniform_float umulhi unsqueeze view void where xor_sum zeros zeros_like
     """),
     "triton.language.math": _names("""
-        abs ceil cos div_rn erf exp exp2 fdiv floor fma log log2 max min rsqrt sin sqrt sqrt_rn umulhi
+        T abs ceil cos div_rn erf exp exp2 fdiv floor fma log log2 rsqrt sin sqrt sqrt_rn umulhi
     """),
-    "triton.language.extra": _names("libdevice"),
     "triton.language.extra.libdevice": _names("""
         abs acos asin atan atan2 cbrt ceil copysign cos cosh div_rn erf erfc erfinv exp exp10 exp2 expm1
         fast_expf fast_logf fast_tanhf float_as_int floor fma fmod hypot int_as_float isinf isnan lgamma
-        llrint log log10 log1p log2 nearbyint pow rint round rsqrt signbit sin sinh sqrt tan tanh tgamma
+        llrint log log10 log1p log2 nearbyint pow remainder rint round rsqrt signbit sin sinh sqrt sqrt_rn tan tanh
+        tgamma
         trunc
     """),
     "math": _names("""
         acos acosh asin asinh atan atan2 atanh cbrt ceil comb copysign cos cosh e erf erfc exp exp2 expm1
         fabs floor fmod gcd hypot inf isclose isfinite isinf isnan isqrt lcm ldexp lgamma log log10 log1p
-        log2 nan pi pow prod sin sinh sqrt tan tanh tau trunc
+        log2 nan pi pow prod remainder sin sinh sqrt tan tanh tau trunc
     """),
     # annotation names only; nothing of typing that evaluates or re-exports
-    "typing": _names("Any Dict List Optional Sequence Tuple Union"),
+    "typing": _names("Any Dict List Optional Sequence T Tuple Union cast"),
     "__future__": _names("annotations"),
 }
 

@@ -19,7 +19,7 @@ from cacheon.bundle.kernel_language import allowlist, syntax
 Kind = tuple[str, str]  # (what, path): module/member/function/jit/builtin/local/value/refused
 VALUE: Kind = ("value", "")
 REFUSED: Kind = ("refused", "")  # already reported where it was named: silent from then on
-MODULE_LIKE = frozenset({"module", "local"})
+MODULE_LIKE = frozenset({"module"})  # a bundle module is checked file by file: its names are values
 MAX_PASSES = 12  # ordinary code settles in two or three
 MAX_KINDS = 16  # what one name may hold; bounds the work per use
 #: every builtin name; a bundle may not bind one that the language does not allow (no shadowing)
