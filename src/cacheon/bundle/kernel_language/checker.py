@@ -11,8 +11,19 @@ import time
 
 from cacheon.bundle.kernel_language import allowlist, syntax
 from cacheon.bundle.kernel_language.names import (
-    MODULE_LIKE, PYTHON_BUILTINS, REFUSED, VALUE, Binder, Kind, Scope, evaluate, imported, is_dunder,
-    jit_refusal, lookup, step,
+    MODULE_LIKE,
+    PYTHON_BUILTINS,
+    REFUSED,
+    VALUE,
+    Binder,
+    Kind,
+    Scope,
+    evaluate,
+    imported,
+    is_dunder,
+    jit_refusal,
+    lookup,
+    step,
 )  # fmt: skip
 
 Hit = tuple[int, str, str]  # (line, rule, message)
@@ -113,7 +124,8 @@ class Checker(ast.NodeVisitor):
         self.visit(node.value)
         kinds: frozenset[Kind] = frozenset({REFUSED})
         if node.attr.startswith("_"):
-            self._refuse(node, "private-attribute", f"{_short(node)}: attributes starting with _ are private")
+            if self.kinds.get(id(node.value)) != frozenset({REFUSED}):  # once per chain
+                self._refuse(node, "private-attribute", f"{_short(node)}: attributes starting with _ are private")
         elif not isinstance(node.ctx, ast.Load):
             verb = "deletion of" if isinstance(node.ctx, ast.Del) else "assignment to"
             self._hit(node, "attribute-assignment", f"{verb} {_short(node)}: a kernel sets no attributes")
