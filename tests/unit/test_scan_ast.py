@@ -193,7 +193,7 @@ def test_issue_20_attacks_are_refused(source: str, rule: str):
         ("import triton\n@triton.jit\ndef k(x_ptr):\n    x_ptr.data_ptr()", "not-allowed-attribute"),
         ("import triton\n@triton.jit\ndef k(x_ptr):\n    print(x_ptr)", "jit-body"),
         ("import torch\nf = (lambda: torch)()", "module-value"),
-        ("import helper\nhelper._private", "private-attribute"),
+        ("def f(p):\n    return p._private", "private-attribute"),
         ("[f for f in (print,) if (g := getattr)]", "not-allowed-name"),
         ("def f(x):\n    return x.numpy", "not-allowed-attribute"),
         ("def f(p):\n    return p.torch.load", "not-allowed-attribute"),
