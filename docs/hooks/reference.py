@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from cacheon.bundle import ast_policy, surface
+from cacheon.bundle.kernel_language import allowlist
 from cacheon.bundle.scan import RULES
 from cacheon.cli import COMMANDS, build_parser
 from cacheon.evidence.ledger import open_verified_ledger
@@ -154,18 +154,25 @@ def configuration_reference() -> str:
 
 
 def scan_rules_reference() -> str:
-    """Every rule id the scan reports, and the exact names each family matches (from the policy itself)."""
-    lines = ["| rule | what it catches | names it matches |", "|---|---|---|"]
-    for rule, what in RULES.items():
-        names = ", ".join(f"`{p}`" for p in ast_policy.FAMILIES.get(rule, ()))
-        lines.append(f"| `{rule}` | {_cell(what)} | {names} |")
-    allowed = ", ".join(f"`{m}`" for m in sorted(ast_policy.ALLOWED_ROOTS))
-    lines += ["", f"Importable modules: {allowed}, and the bundle's own declared modules.", "",
-              "Inside `torch` and `triton`, only these modules (and, where listed, only these members):", "",
-              "| module | members |", "|---|---|"]
-    for module, members in surface.ALLOWED.items():
-        shown = "every public member" if members is None else ", ".join(f"`{m}`" for m in sorted(members))
-        lines.append(f"| `{module}`{' (and its submodules)' if module in surface.RECURSIVE else ''} | {shown} |")
+    """Every rule id the scan reports, then the kernel language's allowed surface (from the allow-list itself)."""
+    lines = ["| rule | what it refuses |", "|---|---|"]
+    lines += [f"| `{rule}` | {_cell(what)} |" for rule, what in RULES.items()]
+    modules = ", ".join(f"`{m}`" for m in sorted(allowlist.MODULES))
+    lines += ["", "## Allowed surface", "", f"Importable modules: {modules}, and the bundle's own declared modules.",
+              "", "| module | members |", "|---|---|"]
+    for module, members in allowlist.MEMBERS.items():
+        lines.append(f"| `{module}` | {', '.join(f'`{m}`' for m in sorted(members))} |")
+
+    def names(title: str, values: frozenset[str]) -> list[str]:
+        return ["", f"**{title}:** " + ", ".join(f"`{v}`" for v in sorted(values))]
+
+    lines += names("Decorators (on the bundle's top-level functions)", allowlist.DECORATORS)
+    lines += names("Builtins", allowlist.BUILTINS)
+    lines += names("Builtins in annotations", allowlist.ANNOTATION_BUILTINS)
+    lines += names("Attributes of a tensor (or any untracked value)", allowlist.TENSOR_ATTRS)
+    lines += names("Attributes of the other values a kernel holds", allowlist.OBJECT_ATTRS)
+    lines += names("Inside `@triton.jit`: builtins", allowlist.JIT_BUILTINS)
+    lines += names("Inside `@triton.jit`: attributes of values", allowlist.JIT_ATTRS)
     return "\n".join(lines) + "\n"
 
 

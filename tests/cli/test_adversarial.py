@@ -21,10 +21,10 @@ EXPECTED = {
     "out-strides": (2, "FAIL", "shape/stride/dtype changed"),
     "returns-nan": (2, "FAIL", "non-finite values"),
     "low-precision": (2, "FAIL", "eager float32"),
-    "detects-harness-env": (2, "FAIL", "[forbidden-import] import of os"),
-    "detects-harness-gc": (2, "FAIL", "[reflection]"),
-    "patches-allclose": (2, "FAIL", "[module-patch]"),
-    "patches-tensor-eq": (2, "FAIL", "[module-patch]"),
+    "detects-harness-env": (2, "FAIL", "[not-allowed-import] os is not importable"),
+    "detects-harness-gc": (2, "FAIL", "[not-allowed-import] gc is not importable"),
+    "patches-allclose": (2, "FAIL", "[attribute-assignment] assignment to torch.allclose"),
+    "patches-tensor-eq": (2, "FAIL", "[private-attribute] torch.Tensor.__eq__"),
     "forges-verdict": (2, "FAIL", "candidate output (untrusted)"),
     "graph-stale-replay": (0, "NUMERICAL_PASS", "CUDA-graph replay proof not run"),
     # Cheats that read the harness; each got NUMERICAL_PASS from the verifier before issue 11 (constant
@@ -40,6 +40,15 @@ EXPECTED = {
     "selection-leaves-masked-unwritten": (2, "FAIL", "output out"),
     # One snapshot (issue 20 part 2): a symlinked directory is refused by the read, nothing behind it copied.
     "snapshot-symlinked-dir": (2, "FAIL", "notes:0: [symlink]"),
+    # Scan evasions of issue 20, each numerically faithful: the kernel language refuses them before any runs.
+    "scan-match-case": (2, "FAIL", "[not-allowed-syntax] match statement"),
+    "scan-stdlib-reexport": (2, "FAIL", "[not-allowed-attribute] typing.re"),
+    "scan-decorator-attrwrite": (2, "FAIL", "[not-allowed-import] functools"),
+    "scan-annotation-eval": (2, "FAIL", "[annotation]"),
+    "scan-private-member": (2, "FAIL", "[private-attribute] torch._C"),
+    "scan-numpy-ctypes": (2, "FAIL", "[not-allowed-attribute] out.numpy"),
+    "scan-reseed": (2, "FAIL", "[not-allowed-attribute] torch.manual_seed"),
+    "scan-budget": (2, "FAIL", "[scan-budget]"),
 }
 
 

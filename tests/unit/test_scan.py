@@ -45,8 +45,8 @@ def test_ast_findings_name_file_and_line(tmp_path: Path):
     declared = make_bundle(tmp_path, {"kernels/silu.py": KERNEL + "import os\nos.system('id')\n"})
     report = scan_bundle(tmp_path, declared)
     assert [str(f) for f in report.findings] == [
-        "kernels/silu.py:6: [forbidden-import] import of os: not on the allow-list",
-        "kernels/silu.py:7: [subprocess] os.system",
+        "kernels/silu.py:6: [not-allowed-import] os is not importable by a kernel "
+        "(allowed surface: docs/contributing/scan.md#the-kernel-language)",
     ]
     assert not report.clean
 
@@ -117,7 +117,7 @@ def test_undeclared_files_except_root_metadata(tmp_path: Path):
 def test_undeclared_python_is_still_parsed(tmp_path: Path):
     declared = make_bundle(tmp_path, {"k.py": KERNEL})
     (tmp_path / "hidden.py").write_text("import math\nimport socket\n")
-    assert scan(tmp_path, declared) == {("hidden.py", 0, "undeclared-file"), ("hidden.py", 2, "net-import")}
+    assert scan(tmp_path, declared) == {("hidden.py", 0, "undeclared-file"), ("hidden.py", 2, "not-allowed-import")}
 
 
 def test_bytecode_is_a_finding(tmp_path: Path):
@@ -168,8 +168,9 @@ def test_findings_are_sorted_and_deterministic(tmp_path: Path):
     assert payload["findings"][0] == {
         "file": "a.py",
         "line": 1,
-        "rule": "eval-exec",
-        "message": "eval -> builtins.eval",
+        "rule": "not-allowed-name",
+        "message": "eval is not a builtin of the kernel language, nor bound by this source "
+        "(allowed surface: docs/contributing/scan.md#the-kernel-language)",
     }
 
 

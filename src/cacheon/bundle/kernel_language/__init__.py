@@ -1,0 +1,1 @@
+"""The kernel language: the default-deny subset of Python a bundle's sources are written in."""
