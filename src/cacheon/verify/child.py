@@ -1,7 +1,13 @@
 """The candidate's side of verification: the process that runs inside the sandbox.
 
 It applies its share of the confinement (uid, limits), imports the candidate, owns the buffers,
-calls the entry and ships raw results back. It judges nothing: references, comparisons and
+calls the entry and ships raw results back. It calls the entry in the context the pin's serving
+runs it in, so a kernel cannot tell the two apart by asking: gradients off (the pin's scheduler loop
+is ``@DynamicGradMode()``, ``torch.set_grad_enabled(False)`` by default, and every model forward is
+``@torch.no_grad()``: ``sglang/srt/managers/scheduler.py:1420``, ``srt/utils/common.py:410-452``,
+``srt/models/llama.py:529``), a default process group of the pin's backend (``init_process_group``
+in ``srt/distributed/parallel_state.py:1804``; world size 1 for a slot that is not a collective), and
+a call depth varied per call (``Call.frames`` nested frames). It judges nothing: references, comparisons and
 verdicts live in the parent, which the candidate's code never reaches. The only checks made here
 need the child's address space (did ``out`` keep its storage and strides?), and the parent treats
 even those as claims from an untrusted process that can only make a verdict worse.
@@ -70,6 +76,12 @@ class Buffers:
     outputs: dict[str, torch.Tensor] = field(default_factory=dict)
     prepared: Any = None
     graph: GraphBackend | None = None
+
+
+def nested(frames: int, action: Callable[[], object]) -> object:
+    """``action()`` called under ``frames`` more stack frames: the depth a kernel sees varies per
+    call across the range serving nests it at, so the depth says nothing about being watched."""
+    return action() if frames <= 0 else nested(frames - 1, action)
 
 
 def _returned(value: object) -> str:
@@ -145,13 +157,14 @@ class Session:
     def call(self, msg: Call) -> Reply:
         buffers, harness = self._load(msg)
         for tensor in buffers.outputs.values():
-            poison.fill(tensor, msg.poison)
+            poison.fill(tensor, msg.poison, list(buffers.inputs.values()))
         self._sync()
 
         def run() -> object:
             if not msg.refill:
                 self._prepare(buffers, msg.prepare)
-            return self.entry(*self._args(buffers, msg))
+            args = self._args(buffers, msg)
+            return nested(msg.frames, lambda: self.entry(*args))
 
         return self._run(msg.seq, buffers, run, harness)
 
@@ -180,11 +193,12 @@ class Session:
         buffers, _ = self._load(call)
         buffers.graph = None
         for tensor in buffers.outputs.values():
-            poison.fill(tensor, call.poison)
+            poison.fill(tensor, call.poison, list(buffers.inputs.values()))
 
         def run_entry() -> None:
             try:
-                self.entry(*self._args(buffers, call))
+                args = self._args(buffers, call)
+                nested(call.frames, lambda: self.entry(*args))
             except BaseException as exc:
                 raise CandidateRaised(describe(exc)) from exc
 
@@ -210,19 +224,22 @@ class Session:
             return BackendFailed(msg.seq, "replay of a buffer set that was never captured")
         harness = self._refill(buffers, channel.tensors_from_wire(msg.inputs))
         for tensor in buffers.outputs.values():
-            poison.fill(tensor, msg.poison)
+            poison.fill(tensor, msg.poison, list(buffers.inputs.values()))
         return self._run(msg.seq, buffers, graph.replay, harness)
 
 
 def _init_group(boot: Boot) -> Any:
-    """The harness owns the process group; the candidate only receives it."""
+    """The harness owns the process group; a collective's candidate receives it. Every candidate
+    runs with a default group initialised as the pin initialises it (its device's backend, nccl or
+    gloo, from an init method; world size 1 for a slot that is not a collective), so
+    ``torch.distributed`` answers as in serving. Only loopback or the workdir is reachable: fine."""
     import torch.distributed as dist
 
     backend = "nccl" if boot.device == "cuda" else "gloo"
     if boot.device == "cuda":
         torch.cuda.set_device(boot.rank)
     dist.init_process_group(backend, init_method=boot.rendezvous, rank=boot.rank, world_size=boot.world)
-    return dist.new_group(list(range(boot.world)))
+    return dist.new_group(list(range(boot.world))) if boot.world > 1 else None
 
 
 def _confine(boot: Boot) -> dict[str, str]:
@@ -264,13 +281,14 @@ def _load_candidate(boot: Boot) -> tuple[Callable[..., Any], Callable[..., Any] 
 def serve(boot: Boot, conn: Connection, applied: dict[str, str]) -> None:
     conn.send_bytes(channel.encode(Booted(boot.rank, applied)))
     try:
-        group = _init_group(boot) if boot.world > 1 else None
+        group = _init_group(boot)
         entry, prepare = _load_candidate(boot)
     except BaseException as exc:  # an import that raises or exits is the candidate's failure
         conn.send_bytes(channel.encode(ImportFailed(describe(exc), _traceback())))
         return
     session = Session(entry, prepare, group, boot.device)
     conn.send_bytes(channel.encode(Ready(boot.rank)))
+    torch.set_grad_enabled(False)  # what the pin's DynamicGradMode does around every forward
     while True:
         msg = channel.decode_to_child(conn.recv_bytes())
         if isinstance(msg, Stop):
