@@ -38,6 +38,19 @@ EXPECTED = {
     # mask check removed); leaving masked blocks unwritten is right only when a call's poison is -inf.
     "selection-masks-low-blocks": (2, "FAIL", "-inf where the reference is finite"),
     "selection-leaves-masked-unwritten": (2, "FAIL", "output out"),
+    # Cheats that tell the harness from serving (issue 20, part 4): each got NUMERICAL_PASS before it
+    # (no_grad, a process group, varied depth, stale-data poison, serving counts, heavy tails, every
+    # stability call judged); the caching ones were already caught by the refill trial.
+    "harness-grad-mode": (2, "FAIL", "elements outside tolerance"),
+    "harness-no-process-group": (2, "FAIL", "elements outside tolerance"),
+    "harness-shallow-stack": (2, "FAIL", "elements outside tolerance"),
+    "harness-gaussian-poison": (2, "FAIL", "output out"),
+    "harness-chunked-prefill-sizes": (2, "FAIL", "T=8192"),
+    "harness-heavy-tail": (2, "FAIL", "elements outside tolerance"),
+    "harness-one-in-eight": (2, "FAIL", "first: stability"),
+    "harness-cache-by-id": (2, "FAIL", "output out"),
+    "harness-batch-and-skip": (2, "FAIL", "output out"),
+    "harness-timer-patch": (2, "FAIL", "[module-patch]"),
 }
 
 
@@ -51,7 +64,8 @@ def test_adversarial_verdict(cli, name):
     assert_verdict(cli("verify", str(ADVERSARIAL / name), "--dtype", "float32"), code, verdict, text)
 
 
-@pytest.mark.parametrize("name", ["patches-allclose", "patches-tensor-eq", "detects-harness-env", "detects-harness-gc"])
+@pytest.mark.parametrize("name", ["patches-allclose", "patches-tensor-eq", "detects-harness-env", "detects-harness-gc",
+                                  "harness-timer-patch"])
 def test_runtime_layer_holds_without_the_scan(name):
     """Library call without admission: the child's tricks cannot reach the parent's judgement."""
     root = ADVERSARIAL / name
