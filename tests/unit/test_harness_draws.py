@@ -101,3 +101,12 @@ def test_every_stability_call_is_judged():
     plan = stability_plan(SILU_AND_MUL, ["float32"], 1, 50)
     assert len(plan.calls) == 50
     assert "checked" not in {f.name for f in dataclasses.fields(StabilityCall)}
+
+
+def test_stale_own_poison_is_the_candidates_last_output_in_place():
+    previous = torch.randn(64, 48)
+    out = torch.empty(64, 48)
+    poison.fill(out, Poison(poison.PoisonKind.STALE_OWN.value, 3), [], poison.kept([previous]))
+    assert torch.equal(out, previous)  # what an allocator hands back: the same block, as it was left
+    poison.fill(out, Poison(poison.PoisonKind.STALE_OWN.value, 3), [], None)
+    assert bool(torch.isfinite(out).all())  # nothing kept yet: Gaussian values

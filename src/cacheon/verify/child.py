@@ -43,6 +43,7 @@ from cacheon.verify.messages import (
     Capture,
     Captured,
     ImportFailed,
+    Poison,
     Raised,
     Ready,
     Replay,
@@ -115,6 +116,12 @@ class Session:
         self.group = group
         self.device = torch.device(device)
         self.sets: dict[int, Buffers] = {}
+        self.own: torch.Tensor | None = None  # what the candidate wrote last: stale data for poison
+
+    def _poison(self, buffers: Buffers, poison_msg: Poison) -> None:
+        inputs = list(buffers.inputs.values())
+        for tensor in buffers.outputs.values():
+            poison.fill(tensor, poison_msg, inputs, self.own)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -156,8 +163,7 @@ class Session:
 
     def call(self, msg: Call) -> Reply:
         buffers, harness = self._load(msg)
-        for tensor in buffers.outputs.values():
-            poison.fill(tensor, msg.poison, list(buffers.inputs.values()))
+        self._poison(buffers, msg.poison)
         self._sync()
 
         def run() -> object:
@@ -176,6 +182,7 @@ class Session:
             self._sync()
         except BaseException as exc:  # SystemExit and KeyboardInterrupt are the candidate's failures too
             return Raised(seq, describe(exc), _traceback())
+        self.own = poison.kept(list(buffers.outputs.values()))
         violations = []
         for name, tensor in buffers.outputs.items():
             after = _layout(tensor)
@@ -192,8 +199,7 @@ class Session:
         call = msg.call
         buffers, _ = self._load(call)
         buffers.graph = None
-        for tensor in buffers.outputs.values():
-            poison.fill(tensor, call.poison, list(buffers.inputs.values()))
+        self._poison(buffers, call.poison)
 
         def run_entry() -> None:
             try:
@@ -223,8 +229,7 @@ class Session:
         if graph is None:
             return BackendFailed(msg.seq, "replay of a buffer set that was never captured")
         harness = self._refill(buffers, channel.tensors_from_wire(msg.inputs))
-        for tensor in buffers.outputs.values():
-            poison.fill(tensor, msg.poison, list(buffers.inputs.values()))
+        self._poison(buffers, msg.poison)
         return self._run(msg.seq, buffers, graph.replay, harness)
 
 
