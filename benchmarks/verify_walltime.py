@@ -35,7 +35,7 @@ def _verify(tree: Path, bundle: str, seed: int, extra: dict[str, str]) -> float:
     start = time.perf_counter()
     result = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
-    if result.returncode not in (0,):
+    if result.returncode != 0:
         raise SystemExit(f"{tree}: verify {bundle} exited {result.returncode}:\n{result.stdout[-2000:]}{result.stderr}")
     return elapsed
 
@@ -57,7 +57,8 @@ def main() -> None:
                 times["this tree"].append(_verify(REPO, bundle, rep, BUNDLES[bundle]))
             print(f"verify {bundle} (all dtypes, default stability calls), {args.repeats} runs each, alternating")
             for name, values in times.items():
-                print(f"  {name:<10} median {statistics.median(values):6.1f} s  range {min(values):6.1f}-{max(values):6.1f} s")
+                median = statistics.median(values)
+                print(f"  {name:<10} median {median:6.1f} s  range {min(values):6.1f}-{max(values):6.1f} s")
             ratios = [t / b for t, b in zip(times["this tree"], times["baseline"], strict=True)]
             ratio = statistics.median(times["this tree"]) / statistics.median(times["baseline"])
             print(f"  ratio of medians {ratio:.2f}x  (per pair {min(ratios):.2f}-{max(ratios):.2f}x)")

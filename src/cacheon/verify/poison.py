@@ -13,6 +13,7 @@ unwritten still differs from the reference.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Sequence
@@ -89,8 +90,8 @@ def _segment(kind: PoisonKind, n: int, gen: torch.Generator, pool: torch.Tensor 
     if kind in (PoisonKind.NAN, PoisonKind.POS_INF, PoisonKind.NEG_INF):
         value = {PoisonKind.NAN: math.nan, PoisonKind.POS_INF: math.inf}.get(kind, -math.inf)
         return torch.full((n,), value)
-    scale = 10.0 ** (torch.rand((), generator=gen).item() * 2.0 - 1.0)
-    return torch.randn(n, generator=gen) * scale
+    scale = 10.0 ** (float(torch.rand((), generator=gen)) * 2.0 - 1.0)
+    return torch.randn(n, generator=gen).mul_(scale)
 
 
 def fill(tensor: torch.Tensor, poison: Poison, inputs: Sequence[torch.Tensor] = (),
@@ -122,6 +123,6 @@ def fill(tensor: torch.Tensor, poison: Poison, inputs: Sequence[torch.Tensor] = 
         bounds = [0, *parts, n]
         values = torch.cat([
             _segment(kinds[int(torch.randint(0, len(kinds), (1,), generator=gen))], hi - lo, gen, pool, stale, own)
-            for lo, hi in zip(bounds, bounds[1:], strict=False) if hi > lo
+            for lo, hi in itertools.pairwise(bounds) if hi > lo
         ])
     tensor.copy_(values.reshape(tensor.shape))
