@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from cacheon.contract.catalog import ALL_REDUCE, SILU_AND_MUL
+from cacheon.contract.catalog import ALL_REDUCE, ATTENTION_SDPA, MOE_FUSED_EXPERTS, SILU_AND_MUL
 from cacheon.contract.inputs import OUTLIER_RANGE, draw_statistics, make_inputs
 from cacheon.contract.serving import CHUNKED_PREFILL_SIZES, chosen_counts, cuda_graph_batch_sizes, serving_counts
 from cacheon.verify import channel, poison
@@ -51,8 +51,10 @@ def test_heavy_tails_reach_massive_outliers_and_stay_finite():
     assert float(plain.abs().max()) < OUTLIER_RANGE[0] / 2
 
 
-def test_collectives_get_no_heavy_tails():
-    assert not draw_statistics(ALL_REDUCE, random.Random(0), heavy=True).heavy
+def test_heavy_tails_only_where_serving_has_them():
+    assert draw_statistics(MOE_FUSED_EXPERTS, random.Random(0), heavy=True).heavy
+    for slot in (ALL_REDUCE, ATTENTION_SDPA):  # partial sums; q/k/v after a norm and RoPE
+        assert not draw_statistics(slot, random.Random(0), heavy=True).heavy
 
 
 def _filled(kind: poison.PoisonKind, pool: torch.Tensor | None, inputs: list[torch.Tensor]) -> torch.Tensor:

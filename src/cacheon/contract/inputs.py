@@ -23,6 +23,11 @@ Inputs = dict[str, torch.Tensor]
 Signs = Literal["mixed", "positive", "negative"]
 #: initialisations that describe activations: the ones whose statistics a draw may vary
 VARIED_INITS = frozenset({"normal", "wide_normal", "row_scaled"})
+#: the slot families whose inputs carry heavy tails in serving: the residual stream and MLP
+#: activations (norms, activations, MoE experts) hold massive outliers. Attention's q/k/v come after
+#: a norm and RoPE, and its float32 tolerance is calibrated for O(1) scores (a softmax over scores in
+#: the hundreds is not); collectives sum partials whose rounding scales with their size.
+HEAVY_FAMILIES = frozenset({"activation", "norm", "moe"})
 #: Student-t degrees of freedom a heavy-tailed draw uses (1: Cauchy; 2: infinite variance); both
 #: have a closed-form inverse CDF, so a draw costs one uniform per entry
 TAIL_DFS = (1, 2)
@@ -60,9 +65,11 @@ class Statistics:
 
 def draw_statistics(slot: SlotSpec, rng: random.Random, heavy: bool | None = None) -> Statistics:
     """Varied statistics within what the slot's tolerances are calibrated for: sums across ranks
-    (collectives) keep magnitudes at most 1 and no heavy tails, since rounding a partial sum scales
-    with its size. ``heavy``: force heavy tails on (True) or off (False); None draws it."""
+    (collectives) keep magnitudes at most 1, since rounding a partial sum scales with its size;
+    heavy tails only in ``HEAVY_FAMILIES``. ``heavy``: force heavy tails on (True) or off (False)
+    where the slot takes them; None draws it."""
     collective = slot.kind == "collective"
+    tails = not collective and slot.name.partition(".")[0] in HEAVY_FAMILIES
     top = 0.0 if collective else 2.0
     signs: Signs = rng.choice(("mixed", "mixed", "positive", "negative"))
     stats = Statistics(
@@ -71,7 +78,7 @@ def draw_statistics(slot: SlotSpec, rng: random.Random, heavy: bool | None = Non
         zeros=rng.uniform(0.0, 0.3) if rng.random() < 0.5 else 0.0,
         subnormals=rng.uniform(0.0, 0.05) if rng.random() < 0.5 else 0.0,
     )
-    if collective or heavy is False or (heavy is None and rng.random() >= 0.4):
+    if not tails or heavy is False or (heavy is None and rng.random() >= 0.4):
         return stats
     return replace(stats, tail_df=rng.choice(TAIL_DFS) if rng.random() < 0.5 else 0,
                    outliers=10.0 ** rng.uniform(-4.0, -2.0))
