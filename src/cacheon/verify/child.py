@@ -6,7 +6,7 @@ runs it in, so a kernel cannot tell the two apart by asking: gradients off (the 
 is ``@DynamicGradMode()``, ``torch.set_grad_enabled(False)`` by default, and every model forward is
 ``@torch.no_grad()``: ``sglang/srt/managers/scheduler.py:1420``, ``srt/utils/common.py:410-452``,
 ``srt/models/llama.py:529``), a default process group of the pin's backend (``init_process_group``
-in ``srt/distributed/parallel_state.py:1804``; world size 1 for a slot that is not a collective), and
+in ``srt/distributed/parallel_state.py:1805``; world size 1 for a slot that is not a collective), and
 a call depth varied per call (``Call.frames`` nested frames). It judges nothing: references, comparisons and
 verdicts live in the parent, which the candidate's code never reaches. The only checks made here
 need the child's address space (did ``out`` keep its storage and strides?), and the parent treats
