@@ -37,7 +37,7 @@ run: setup
 	$(CACHEON) scan examples/bundles/silu-triton
 	$(CACHEON) scan examples/bundles/silu-scan-violation; test $$? -eq 2
 	@echo; echo "== verify: faithful Triton silu_and_mul (NUMERICAL_PASS on CPU: no CUDA-graph proof here)"
-	$(CACHEON) verify examples/bundles/silu-triton --dtype float32 --dtype bfloat16
+	$(CACHEON) verify examples/bundles/silu-triton --dtype float32 --dtype bfloat16 --timeout 600  # the interpreter at 8192 tokens
 	@echo; echo "== verify: faithful attention block (PASS)"
 	$(CACHEON) verify examples/bundles/attention-torch
 	@echo; echo "== verify: broken silu_and_mul that drops the SiLU (FAIL, exit 2 expected)"

@@ -49,6 +49,20 @@ EXPECTED = {
     "scan-numpy-ctypes": (2, "FAIL", "[not-allowed-attribute] out.numpy"),
     "scan-reseed": (2, "FAIL", "[not-allowed-attribute] torch.manual_seed"),
     "scan-budget": (2, "FAIL", "[scan-budget]"),
+    # Cheats that tell the harness from serving (issue 20, part 4): each got NUMERICAL_PASS before it
+    # (no_grad, a process group, varied depth, stale-data poison, serving counts, heavy tails, every
+    # stability call judged); the caching ones were already caught by the refill trial.
+    "harness-grad-mode": (2, "FAIL", "[not-allowed-attribute] torch.is_grad_enabled"),
+    "harness-no-process-group": (2, "FAIL", "elements outside tolerance"),
+    "harness-shallow-stack": (2, "FAIL", "[not-allowed-name] RecursionError"),
+    "harness-gaussian-poison": (2, "FAIL", "output out"),
+    "harness-chunked-prefill-sizes": (2, "FAIL", "T=8192"),
+    "harness-heavy-tail": (2, "FAIL", "elements outside tolerance"),
+    "harness-one-in-eight": (2, "FAIL", "first: stability"),
+    "harness-cache-by-id": (2, "FAIL", "[not-allowed-name] id"),
+    "harness-batch-and-skip": (2, "FAIL", "output out"),
+    "harness-stale-own": (2, "FAIL", "output out"),  # found attacking the stale-data poison itself
+    "harness-timer-patch": (2, "FAIL", "[attribute-assignment]"),
 }
 
 
@@ -62,13 +76,27 @@ def test_adversarial_verdict(cli, name):
     assert_verdict(cli("verify", str(ADVERSARIAL / name), "--dtype", "float32"), code, verdict, text)
 
 
-@pytest.mark.parametrize("name", ["patches-allclose", "patches-tensor-eq", "detects-harness-env", "detects-harness-gc"])
+# Bundles the kernel language refuses, run with the scan bypassed: the harness still catches each
+# (defense in depth: the scan is not the only guard). name -> what the FAIL reason must say.
+BEYOND_THE_SCAN = {
+    "patches-allclose": "elements outside tolerance|non-finite",
+    "patches-tensor-eq": "elements outside tolerance|non-finite",
+    "detects-harness-env": "elements outside tolerance|non-finite",
+    "detects-harness-gc": "elements outside tolerance|non-finite",
+    "harness-timer-patch": "elements outside tolerance|non-finite",
+    "harness-grad-mode": "elements outside tolerance|non-finite",
+    "harness-shallow-stack": "elements outside tolerance|non-finite",
+    "harness-cache-by-id": "output out",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BEYOND_THE_SCAN))
 def test_runtime_layer_holds_without_the_scan(name):
     """Library call without admission: the child's tricks cannot reach the parent's judgement."""
     root = ADVERSARIAL / name
     report = verify_bundle(snapshot := read_snapshot(root), load_manifest(snapshot), VerifyOptions(dtypes=("float32",)))
     assert report.verdict == "FAIL", report.reason
-    assert "elements outside tolerance" in report.reason or "non-finite" in report.reason
+    assert any(text in report.reason for text in BEYOND_THE_SCAN[name].split("|")), report.reason
 
 
 def test_forged_output_is_shown_as_untrusted_and_ignored(cli):

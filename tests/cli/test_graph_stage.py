@@ -33,7 +33,7 @@ def silu_and_mul(x, out):
 def verify(root, **options):
     # A fixed seed: the counting cheat keys on output shapes, and this seed draws none of the
     # registered ones again in the eager stage. The graph stage runs before the stability stage.
-    options = {"dtypes": ("float32",), "graph_backend": EMULATED_BACKEND, "seed": 3, "stability_calls": 0, **options}
+    options = {"dtypes": ("float32",), "graph_backend": EMULATED_BACKEND, "seed": 1, "stability_calls": 0, **options}
     return verify_bundle(snapshot := read_snapshot(root), load_manifest(snapshot), VerifyOptions(**options))
 
 

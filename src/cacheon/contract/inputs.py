@@ -1,8 +1,9 @@
 """Seeded, deterministic input generation and harness-owned output allocation.
 
 Besides the plain initialisation a slot declares, inputs can be drawn with varied statistics
-(magnitude, signs, exact and signed zeros, subnormals of the run dtype), so that a kernel cannot
-tell the harness's calls from a serving batch by looking at the numbers it is given.
+(magnitude, signs, exact and signed zeros, subnormals of the run dtype, and the heavy tails of real
+activations: Student-t bulk and rare massive outliers), so that a kernel cannot tell the harness's
+calls from a serving batch by looking at the numbers it is given.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import hashlib
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -22,6 +23,17 @@ Inputs = dict[str, torch.Tensor]
 Signs = Literal["mixed", "positive", "negative"]
 #: initialisations that describe activations: the ones whose statistics a draw may vary
 VARIED_INITS = frozenset({"normal", "wide_normal", "row_scaled"})
+#: the slot families whose inputs carry heavy tails in serving: the residual stream and MLP
+#: activations (norms, activations, MoE experts) hold massive outliers. Attention's q/k/v come after
+#: a norm and RoPE, and its float32 tolerance is calibrated for O(1) scores (a softmax over scores in
+#: the hundreds is not); collectives sum partials whose rounding scales with their size.
+HEAVY_FAMILIES = frozenset({"activation", "norm", "moe"})
+#: Student-t degrees of freedom a heavy-tailed draw uses (1: Cauchy; 2: infinite variance); both
+#: have a closed-form inverse CDF, so a draw costs one uniform per entry
+TAIL_DFS = (1, 2)
+#: the absolute size of a massive outlier (real activations reach hundreds of times their median
+#: entry in a few channels); bounded so a product of two stays finite in float16
+OUTLIER_RANGE = (16.0, 64.0)
 
 
 def derive_seed(*parts: object) -> int:
@@ -38,26 +50,67 @@ class Statistics:
     signs: Signs = "mixed"
     zeros: float = 0.0  # share of entries set to exactly ±0
     subnormals: float = 0.0  # share of entries set to subnormal values of the run dtype
+    tail_df: int = 0  # the bulk drawn Student-t with these degrees of freedom (0: as the slot inits it)
+    outliers: float = 0.0  # share of entries set to a massive value (OUTLIER_RANGE, whatever the magnitude)
+
+    @property
+    def heavy(self) -> bool:
+        return bool(self.tail_df or self.outliers)
 
     def label(self) -> str:
-        return f"x{self.magnitude:.3g} {self.signs} zeros={self.zeros:.2f} subnormals={self.subnormals:.3f}"
+        tail = f" t{self.tail_df}" if self.tail_df else ""
+        tail += f" outliers={self.outliers:.4f}" if self.outliers else ""
+        return f"x{self.magnitude:.3g} {self.signs} zeros={self.zeros:.2f} subnormals={self.subnormals:.3f}{tail}"
 
 
-def draw_statistics(slot: SlotSpec, rng: random.Random) -> Statistics:
+def draw_statistics(slot: SlotSpec, rng: random.Random, heavy: bool | None = None) -> Statistics:
     """Varied statistics within what the slot's tolerances are calibrated for: sums across ranks
-    (collectives) keep magnitudes at most 1, since rounding a partial sum scales with its size."""
-    top = 0.0 if slot.kind == "collective" else 2.0
+    (collectives) keep magnitudes at most 1, since rounding a partial sum scales with its size;
+    heavy tails only in ``HEAVY_FAMILIES``. ``heavy``: force heavy tails on (True) or off (False)
+    where the slot takes them; None draws it."""
+    collective = slot.kind == "collective"
+    tails = not collective and slot.name.partition(".")[0] in HEAVY_FAMILIES
+    top = 0.0 if collective else 2.0
     signs: Signs = rng.choice(("mixed", "mixed", "positive", "negative"))
-    return Statistics(
+    stats = Statistics(
         magnitude=2.0 ** rng.uniform(-4.0, top),
         signs=signs,
         zeros=rng.uniform(0.0, 0.3) if rng.random() < 0.5 else 0.0,
         subnormals=rng.uniform(0.0, 0.05) if rng.random() < 0.5 else 0.0,
     )
+    if not tails or heavy is False or (heavy is None and rng.random() >= 0.4):
+        return stats
+    return replace(stats, tail_df=rng.choice(TAIL_DFS) if rng.random() < 0.5 else 0,
+                   outliers=10.0 ** rng.uniform(-4.0, -2.0))
+
+
+def _student_t(shape: torch.Size, df: int, gen: torch.Generator) -> torch.Tensor:
+    u = torch.rand(shape, generator=gen).clamp(1e-7, 1.0 - 1e-7)
+    if df == 1:
+        return torch.tan(math.pi * (u - 0.5))
+    return (2.0 * u - 1.0) / (2.0 * u * (1.0 - u)).sqrt()
+
+
+def _heavy(values: torch.Tensor, stats: Statistics, gen: torch.Generator) -> torch.Tensor:
+    """A Student-t bulk at the draw's magnitude (the plain initialisation's row scaling kept), then
+    massive outliers at a share of entries; every entry within the outlier bound."""
+    out = values
+    if stats.tail_df:
+        out = values.abs() * _student_t(values.shape, stats.tail_df, gen)
+    out = out.clamp(-OUTLIER_RANGE[1], OUTLIER_RANGE[1])
+    count = max(1, round(stats.outliers * out.numel())) if stats.outliers and out.numel() else 0
+    if count:
+        low, high = OUTLIER_RANGE
+        where = torch.randint(0, out.numel(), (count,), generator=gen)
+        size = torch.empty(count).uniform_(low, high, generator=gen)
+        out.view(-1)[where] = torch.where(torch.rand(count, generator=gen) < 0.5, size, -size)
+    return out
 
 
 def _vary(values: torch.Tensor, stats: Statistics, run_dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
     out = values * stats.magnitude
+    if stats.heavy:
+        out = _heavy(out, stats, gen)
     if stats.signs != "mixed":
         out = out.abs() if stats.signs == "positive" else -out.abs()
     if stats.zeros:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
 
 import torch
@@ -178,10 +179,9 @@ def _floordiv(a: int, b: int) -> int:
     return a // b
 
 
-def eval_dim(expr: str, dims: Mapping[str, int]) -> int:
-    """Evaluate a dimension expression such as ``"2*d"``, ``"P+T"``, ``"S//bs"`` (floor division) or
-    ``"cdiv(P+T, bs)"`` (ceiling division) over the case dims. Nothing else parses (no attribute,
-    no other call, no true division); a divisor must be positive and the result non-negative."""
+@lru_cache(maxsize=1024)
+def _parse_dim(expr: str) -> ast.Expression:
+    """The checked tree of a dimension expression, parsed once (verify resolves shapes per call)."""
     try:
         tree = ast.parse(expr, mode="eval")
     except SyntaxError:
@@ -189,6 +189,14 @@ def eval_dim(expr: str, dims: Mapping[str, int]) -> int:
     for node in ast.walk(tree):
         if not isinstance(node, _ALLOWED_DIM_NODES):
             raise ValueError(f"unsupported dimension expression {expr!r}")
+    return tree
+
+
+def eval_dim(expr: str, dims: Mapping[str, int]) -> int:
+    """Evaluate a dimension expression such as ``"2*d"``, ``"P+T"``, ``"S//bs"`` (floor division) or
+    ``"cdiv(P+T, bs)"`` (ceiling division) over the case dims. Nothing else parses (no attribute,
+    no other call, no true division); a divisor must be positive and the result non-negative."""
+    tree = _parse_dim(expr)
 
     def divide(a: int, b: int, op: Callable[[int, int], int]) -> int:
         if b <= 0:

@@ -1,7 +1,13 @@
 """The candidate's side of verification: the process that runs inside the sandbox.
 
 It applies its share of the confinement (uid, limits), imports the candidate, owns the buffers,
-calls the entry and ships raw results back. It judges nothing: references, comparisons and
+calls the entry and ships raw results back. It calls the entry in the context the pin's serving
+runs it in, so a kernel cannot tell the two apart by asking: gradients off (the pin's scheduler loop
+is ``@DynamicGradMode()``, ``torch.set_grad_enabled(False)`` by default, and every model forward is
+``@torch.no_grad()``: ``sglang/srt/managers/scheduler.py:1420``, ``srt/utils/common.py:410-452``,
+``srt/models/llama.py:529``), a default process group of the pin's backend (``init_process_group``
+in ``srt/distributed/parallel_state.py:1805``; world size 1 for a slot that is not a collective), and
+a call depth varied per call (``Call.frames`` nested frames). It judges nothing: references, comparisons and
 verdicts live in the parent, which the candidate's code never reaches. The only checks made here
 need the child's address space (did ``out`` keep its storage and strides?), and the parent treats
 even those as claims from an untrusted process that can only make a verdict worse.
@@ -37,6 +43,7 @@ from cacheon.verify.messages import (
     Capture,
     Captured,
     ImportFailed,
+    Poison,
     Raised,
     Ready,
     Replay,
@@ -72,6 +79,12 @@ class Buffers:
     graph: GraphBackend | None = None
 
 
+def nested(frames: int, action: Callable[[], object]) -> object:
+    """``action()`` called under ``frames`` more stack frames: the depth a kernel sees varies per
+    call across the range serving nests it at, so the depth says nothing about being watched."""
+    return action() if frames <= 0 else nested(frames - 1, action)
+
+
 def _returned(value: object) -> str:
     """What an entry returned, in a few words: an entry that returns its result instead of writing
     ``out`` is the most natural first mistake, and only this process sees the return value."""
@@ -103,6 +116,12 @@ class Session:
         self.group = group
         self.device = torch.device(device)
         self.sets: dict[int, Buffers] = {}
+        self.own: torch.Tensor | None = None  # what the candidate wrote last: stale data for poison
+
+    def _poison(self, buffers: Buffers, poison_msg: Poison) -> None:
+        inputs = list(buffers.inputs.values())
+        for tensor in buffers.outputs.values():
+            poison.fill(tensor, poison_msg, inputs, self.own)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -144,14 +163,14 @@ class Session:
 
     def call(self, msg: Call) -> Reply:
         buffers, harness = self._load(msg)
-        for tensor in buffers.outputs.values():
-            poison.fill(tensor, msg.poison)
+        self._poison(buffers, msg.poison)
         self._sync()
 
         def run() -> object:
             if not msg.refill:
                 self._prepare(buffers, msg.prepare)
-            return self.entry(*self._args(buffers, msg))
+            args = self._args(buffers, msg)
+            return nested(msg.frames, lambda: self.entry(*args))
 
         return self._run(msg.seq, buffers, run, harness)
 
@@ -163,6 +182,7 @@ class Session:
             self._sync()
         except BaseException as exc:  # SystemExit and KeyboardInterrupt are the candidate's failures too
             return Raised(seq, describe(exc), _traceback())
+        self.own = poison.kept(list(buffers.outputs.values()))
         violations = []
         for name, tensor in buffers.outputs.items():
             after = _layout(tensor)
@@ -179,12 +199,12 @@ class Session:
         call = msg.call
         buffers, _ = self._load(call)
         buffers.graph = None
-        for tensor in buffers.outputs.values():
-            poison.fill(tensor, call.poison)
+        self._poison(buffers, call.poison)
 
         def run_entry() -> None:
             try:
-                self.entry(*self._args(buffers, call))
+                args = self._args(buffers, call)
+                nested(call.frames, lambda: self.entry(*args))
             except BaseException as exc:
                 raise CandidateRaised(describe(exc)) from exc
 
@@ -209,20 +229,22 @@ class Session:
         if graph is None:
             return BackendFailed(msg.seq, "replay of a buffer set that was never captured")
         harness = self._refill(buffers, channel.tensors_from_wire(msg.inputs))
-        for tensor in buffers.outputs.values():
-            poison.fill(tensor, msg.poison)
+        self._poison(buffers, msg.poison)
         return self._run(msg.seq, buffers, graph.replay, harness)
 
 
 def _init_group(boot: Boot) -> Any:
-    """The harness owns the process group; the candidate only receives it."""
+    """The harness owns the process group; a collective's candidate receives it. Every candidate
+    runs with a default group initialised as the pin initialises it (its device's backend, nccl or
+    gloo, from an init method; world size 1 for a slot that is not a collective), so
+    ``torch.distributed`` answers as in serving. Only loopback or the workdir is reachable: fine."""
     import torch.distributed as dist
 
     backend = "nccl" if boot.device == "cuda" else "gloo"
     if boot.device == "cuda":
         torch.cuda.set_device(boot.rank)
     dist.init_process_group(backend, init_method=boot.rendezvous, rank=boot.rank, world_size=boot.world)
-    return dist.new_group(list(range(boot.world)))
+    return dist.new_group(list(range(boot.world))) if boot.world > 1 else None
 
 
 def _confine(boot: Boot) -> dict[str, str]:
@@ -264,13 +286,14 @@ def _load_candidate(boot: Boot) -> tuple[Callable[..., Any], Callable[..., Any] 
 def serve(boot: Boot, conn: Connection, applied: dict[str, str]) -> None:
     conn.send_bytes(channel.encode(Booted(boot.rank, applied)))
     try:
-        group = _init_group(boot) if boot.world > 1 else None
+        group = _init_group(boot)
         entry, prepare = _load_candidate(boot)
     except BaseException as exc:  # an import that raises or exits is the candidate's failure
         conn.send_bytes(channel.encode(ImportFailed(describe(exc), _traceback())))
         return
     session = Session(entry, prepare, group, boot.device)
     conn.send_bytes(channel.encode(Ready(boot.rank)))
+    torch.set_grad_enabled(False)  # what the pin's DynamicGradMode does around every forward
     while True:
         msg = channel.decode_to_child(conn.recv_bytes())
         if isinstance(msg, Stop):

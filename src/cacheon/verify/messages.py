@@ -22,10 +22,12 @@ class OutputSpec(msgspec.Struct, array_like=True, frozen=True):
 
 
 class Poison(msgspec.Struct, array_like=True, frozen=True):
-    """What the child writes into every output before the candidate runs (drawn per call)."""
+    """What the child writes into every output before the candidate runs (drawn per call);
+    ``pool``: earlier reference outputs, the stale data of the kinds that use it."""
 
     kind: str
     seed: int
+    pool: WireTensor | None = None
 
 
 Scalar = bool | int | float
@@ -47,6 +49,7 @@ class Call(msgspec.Struct, tag="call", frozen=True):
     args: list[str]
     prepare: list[str]  # inputs handed to the bundle's prepare (fresh buffers only)
     poison: Poison
+    frames: int = 0  # extra stack frames the entry is called under (the call depth, varied per call)
 
 
 class Capture(msgspec.Struct, tag="capture", frozen=True):

@@ -1,6 +1,6 @@
 """What one verification will do: its options, the limits of the candidate's process, and the cases.
 
-Every draw (shapes, input statistics, poison, the stability stage's order and the calls it checks)
+Every draw (shapes, input statistics, poison, call depths, the stability stage's order)
 comes from one run seed. Without ``--seed`` the seed is drawn from OS entropy, so a candidate
 cannot know in advance what it will be asked; the seed is printed and recorded, and passing it
 back reproduces the run exactly.
@@ -23,6 +23,7 @@ from cacheon.contract.inputs import (
     with_tokens,
 )
 from cacheon.contract.profiles import Profile
+from cacheon.contract.serving import chosen_counts
 from cacheon.contract.spec import ShapeCase, SlotSpec
 from cacheon.verify.graphs import CUDA_BACKEND
 
@@ -31,8 +32,6 @@ DRAWN_ELEMENT_BUDGET = 1 << 24
 #: a stability call ships at most this many elements per rank, when a registered case allows it
 STABILITY_ELEMENT_BUDGET = 1 << 18
 STABILITY_MAX_TOKENS = 4
-#: the share of stability calls the parent judges; the candidate cannot tell which
-STABILITY_CHECK_SHARE = 0.125
 DEFAULT_WORLD_SIZE = 2
 
 
@@ -96,8 +95,9 @@ def draw_seed() -> int:
 class CaseKind(StrEnum):
     REGISTERED = "registered"  # a shape the catalog names
     JITTER = "jitter"  # a registered shape with a nearby token count
-    DRAWN = "drawn"  # a token count drawn from the lower half of the serving range
-    SERVING = "serving"  # a token count drawn from the top of the serving range
+    DRAWN = "drawn"  # a token count drawn from the lower half of the serving range, heavy-tailed
+    SERVING = "serving"  # the largest token count the pin serves the slot at (a chunk or power of two)
+    COUNT = "count"  # another token count the pin serves at (power of two, chunked prefill, CUDA-graph batch)
 
     @property
     def seeded(self) -> bool:
@@ -130,8 +130,9 @@ class PlannedCase:
 
 
 def eager_cases(slot: SlotSpec, dtype: str, seed: int) -> list[PlannedCase]:
-    """Registered shapes and their jitter first (plain inputs), then two draws from the serving
-    range with varied statistics: one below half of it, one in its top half."""
+    """Registered shapes and their jitter first (plain inputs), then, with varied statistics, a
+    token count drawn below half of the serving range (heavy-tailed), and the serving counts this
+    run asks for (``serving.chosen_counts``): the largest, the smallest and a few drawn."""
     planned: list[PlannedCase] = []
     for i, case in enumerate(slot.shapes):
         planned.append(PlannedCase(case_id(dtype, CaseKind.REGISTERED, i), case, CaseKind.REGISTERED, 2))
@@ -140,11 +141,13 @@ def eager_cases(slot: SlotSpec, dtype: str, seed: int) -> list[PlannedCase]:
     rng = random.Random(derive_seed(seed, slot.name, dtype, "draws"))
     half = max(1, slot.serving_tokens // 2)
     lower = min(half - 1, int(math.exp(rng.uniform(0.0, math.log(half))))) if half > 1 else 1
-    top = rng.randint(half, slot.serving_tokens)
-    for tokens, kind, trials in ((max(1, lower), CaseKind.DRAWN, 2), (top, CaseKind.SERVING, 1)):
+    counts = chosen_counts(slot.serving_tokens, random.Random(derive_seed(seed, slot.name, dtype, "counts")))
+    drawn = [(max(1, lower), CaseKind.DRAWN, 0, 2, True), (counts[-1], CaseKind.SERVING, 0, 1, None)]
+    drawn += [(tokens, CaseKind.COUNT, i, 1, None) for i, tokens in enumerate(counts[:-1])]
+    for tokens, kind, index, trials, heavy in drawn:
         base = _base_for(slot, tokens, DRAWN_ELEMENT_BUDGET, rng)
-        planned.append(PlannedCase(case_id(dtype, kind, 0), with_tokens(slot, base, tokens), kind, trials,
-                                   draw_statistics(slot, rng)))
+        planned.append(PlannedCase(case_id(dtype, kind, index), with_tokens(slot, base, tokens), kind, trials,
+                                   draw_statistics(slot, rng, heavy)))
     return planned
 
 
@@ -168,9 +171,10 @@ class StabilitySet:
 
 @dataclass(frozen=True)
 class StabilityCall:
+    """One call; every one is judged (a sampled share let a kernel wrong once in a while pass)."""
+
     key: int  # which set
     refill: bool  # False for the set's first call (fresh buffers, prepare), True after
-    checked: bool  # judged by the parent; the child is never told
     seed: int
 
 
@@ -182,7 +186,7 @@ class StabilityPlan:
 
 def stability_plan(slot: SlotSpec, dtypes: list[str], seed: int, calls: int) -> StabilityPlan:
     """Small sets (every dtype × the registered cases that stay CPU-sized at a few tokens), then
-    ``calls`` calls interleaved across them in random order, each judged with a fixed probability."""
+    ``calls`` calls interleaved across them in random order, each with fresh inputs."""
     rng = random.Random(derive_seed(seed, slot.name, "stability"))
     cases = [c for c in slot.shapes
              if input_elements(slot, with_tokens(slot, c, STABILITY_MAX_TOKENS)) <= STABILITY_ELEMENT_BUDGET]
@@ -197,6 +201,6 @@ def stability_plan(slot: SlotSpec, dtypes: list[str], seed: int, calls: int) -> 
     seen: set[int] = set()
     planned = []
     for key in order:
-        planned.append(StabilityCall(key, key in seen, rng.random() < STABILITY_CHECK_SHARE, rng.getrandbits(63)))
+        planned.append(StabilityCall(key, key in seen, rng.getrandbits(63)))
         seen.add(key)
     return StabilityPlan(sets, tuple(planned))

@@ -3,7 +3,11 @@
 - eager (``collective`` at world size > 1): every planned case, fresh buffers then a refill;
 - graph: CUDA-graph capture of each registered shape, then poisoned replays with fresh inputs;
 - stability: ``--stability-calls`` calls interleaved across small buffer sets in random order,
-  a random share of them judged, the rest only made (the child cannot tell which is which).
+  every one judged (a kernel wrong once in a while is caught at that call).
+
+Every call also carries the context that keeps the harness from being told apart from serving:
+its poison (stale data: the previous call's reference outputs, this call's inputs shifted, or
+synthetic values) and the number of extra stack frames the child calls the entry under.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
 
 from cacheon.contract.inputs import (
     Inputs,
@@ -29,12 +35,16 @@ from cacheon.verify.judge import Judgement, judge_ranks
 from cacheon.verify.launcher import CandidateGroup, InfrastructureError
 from cacheon.verify.messages import BackendFailed, Call, Capture, Captured, OutputSpec, Poison, Raised, Replay, Reply
 from cacheon.verify.plan import StabilityPlan, VerifyOptions, eager_cases
-from cacheon.verify.poison import draw_poison
+from cacheon.verify.poison import draw_poison, reference_pool
 from cacheon.verify.report import CaseResult, GraphResult, GraphStatus, Stage, StageResult
 from cacheon.verify.untrusted import one_line
 
 Emit = Callable[[CaseResult], None]
 EAGER_BUFFERS, GRAPH_BUFFERS, STABILITY_BUFFERS = 0, 1, 100
+#: the most extra frames a call is made under: the child's own depth is about 8, and the pin nests
+#: a kernel some 30-60 frames deep (scheduler loop, model runner, two frames per nn.Module call),
+#: so the depths a kernel sees span serving's and any threshold on them is crossed by judged calls
+MAX_EXTRA_FRAMES = 96
 
 
 @dataclass
@@ -49,6 +59,7 @@ class Run:
     emit: Emit
     case: str | None = None  # the one eager case to run (--case), by its id; None: every case
     _seq: int = field(default=0)
+    _pool: torch.Tensor | None = None  # the last reference's outputs: stale data for later poison
 
     @property
     def world(self) -> int:
@@ -59,7 +70,13 @@ class Run:
         return self._seq
 
     def poison(self, *labels: object) -> Poison:
-        return draw_poison(random.Random(derive_seed(self.seed, self.slot.name, "poison", *labels)))
+        return self.poison_from(random.Random(derive_seed(self.seed, self.slot.name, "poison", *labels)))
+
+    def poison_from(self, rng: random.Random) -> Poison:
+        return draw_poison(rng, self._pool)
+
+    def frames(self, seq: int) -> int:
+        return random.Random(derive_seed(self.seed, self.slot.name, "frames", seq)).randint(0, MAX_EXTRA_FRAMES)
 
     def inputs(self, case: ShapeCase, dtype: str, seed: int, stats: Statistics | None,
                only: frozenset[str] | None = None) -> list[Inputs]:
@@ -74,14 +91,16 @@ class Run:
         scalars = self.slot.scalars(case)
         prepare = [] if refill else list(self.slot.prepare_inputs)
         shipped = [{n: t for n, t in r.items() if sent is None or n in sent} for r in ranks]
+        frames = self.frames(seq)
         return [
             Call(seq, buffers, refill, channel.tensors_to_wire(inputs), layout, scalars, list(self.slot.args),
-                 prepare, poison)
+                 prepare, poison, frames)
             for inputs in shipped
         ]
 
     def judge(self, case: ShapeCase, dtype: str, ranks: list[Inputs], replies: list[Reply]) -> Judgement:
         reference = self.slot.reference(reference_inputs(self.slot, ranks), self.slot.scalars(case))
+        self._pool = reference_pool(reference)
         return judge_ranks(self.slot, case, dtype, ranks, reference, replies)
 
 
@@ -176,12 +195,13 @@ def _graph_case(run: Run, case: ShapeCase, dtype: str, results: list[CaseResult]
 
 
 def stability(run: Run, plan: StabilityPlan) -> StageResult:
-    """Many calls, interleaved across buffer sets in random order; the planned subset is judged.
-    Stops at the first judged failure unless --keep-going."""
+    """Many calls, interleaved across buffer sets in random order, every one judged (each has fresh
+    inputs: a repeated input would tell a kernel it is being tested, serving never repeats one).
+    Stops at the first failure unless --keep-going."""
     sets = {s.key: s for s in plan.sets}
     held: dict[int, list[Inputs]] = {}
     failures: list[CaseResult] = []
-    made = checked = 0
+    made = 0
     for call in plan.calls:
         spec = sets[call.key]
         stats = draw_statistics(run.slot, random.Random(call.seed))
@@ -191,13 +211,10 @@ def stability(run: Run, plan: StabilityPlan) -> StageResult:
             if call.refill else fresh
         held[call.key] = ranks
         seq = run.next_seq()
-        poison = draw_poison(random.Random(call.seed ^ 0x5EED))
+        poison = run.poison_from(random.Random(call.seed ^ 0x5EED))
         replies = run.group.exchange(
             run.calls(seq, STABILITY_BUFFERS + call.key, spec.case, spec.dtype, ranks, call.refill, poison), seq)
         made += 1
-        if not call.checked:
-            continue
-        checked += 1
         verdict = run.judge(spec.case, spec.dtype, ranks, replies)
         if not verdict.ok:
             note = f"call {made} of {len(plan.calls)}"
@@ -205,5 +222,5 @@ def stability(run: Run, plan: StabilityPlan) -> StageResult:
             failures.append(result)
             run.emit(result)
             if not run.options.keep_going:
-                return StageResult(Stage.STABILITY, tuple(failures), stopped=True, calls=made, checked=checked)
-    return StageResult(Stage.STABILITY, tuple(failures), calls=made, checked=checked)
+                return StageResult(Stage.STABILITY, tuple(failures), stopped=True, calls=made, checked=made)
+    return StageResult(Stage.STABILITY, tuple(failures), calls=made, checked=made)
