@@ -43,6 +43,7 @@ HEADER = struct.Struct(">I")
 #: what a reply may take beyond its tensors' bytes: every text field at its bound (4 bytes a
 #: character), each tensor's name, dtype and shape, and msgpack's framing of it all
 TEXT_BUDGET = 4 * (DETAIL_CHARS + (2 * MAX_NOTES + 2) * TEXT_CHARS) + MAX_TENSORS * 1024
+SMALL_FRAME = 1 << 16
 #: a frame the parent sends, or one a child reads: the protocol's own ceiling
 MAX_FRAME = (1 << 32) - 1
 Layout = Mapping[str, tuple[tuple[int, ...], torch.dtype]]
@@ -75,7 +76,11 @@ class Endpoint:
     def send(self, body: bytes, deadline: float | None = None) -> None:
         if len(body) > MAX_FRAME:
             raise ValueError(f"a {len(body)}-byte message does not fit a frame")
-        for part in (HEADER.pack(len(body)), body):
+        header = HEADER.pack(len(body))
+        # a small frame goes out in one write, so that processes sharing the socket (a candidate
+        # that forked) cannot interleave their frames; a large one is not copied to join it
+        parts = (header + body,) if len(body) < SMALL_FRAME else (header, body)
+        for part in parts:
             self._sock.settimeout(_left(deadline, 0))
             try:
                 self._sock.sendall(part)

@@ -217,6 +217,8 @@ class CandidateGroup:
             try:
                 booted = self.receive(rank, 60.0)
             except ChildFailure as failure:
+                if self._deadline is not None and self._deadline.passed():
+                    raise  # the op's (or the run's) time ran out, not the sandbox's start
                 raise InfrastructureError(f"the candidate's sandbox did not start ({failure.reason}; "
                                           f"{one_line(self.output_tail())})") from None
             if not isinstance(booted, Booted):
