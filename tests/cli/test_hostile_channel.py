@@ -120,6 +120,15 @@ def test_an_import_that_never_ends_meets_the_op_deadline_not_an_infrastructure_e
     assert report.verdict == "FAIL" and "the op's 8s (--op-timeout)" in report.reason, report.reason
 
 
+def test_an_op_deadline_that_passes_before_the_sandbox_reports_fails_the_op(tmp_path):
+    """Not an infrastructure error: the run's time (here the op's) is spent, whoever spent it."""
+    report = verify(tmp_path, """
+        def silu_and_mul(x, out):
+            right(x, out)
+    """, op_timeout=0.05)
+    assert report.verdict == "FAIL" and "the op's 0.05s (--op-timeout)" in report.reason, report.reason
+
+
 FORGED = {
     # a shape whose element count is 0 but that torch cannot even allocate: the verifier raised on it
     "shape": ('forge(channel.encode(Result(1, {"out": WireTensor("float32", [2**64 - 1, 0], b"")}, '
