@@ -30,10 +30,11 @@ Shape = Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_len
 
 
 class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Every message: immutable, and a field it does not declare is refused, never ignored."""
+    """Every message: immutable, and a field it does not declare is refused, never ignored. (Each
+    subclass repeats ``frozen=True`` for type checkers; the config is inherited either way.)"""
 
 
-class WireTensor(_Message, array_like=True):
+class WireTensor(_Message, array_like=True, frozen=True):
     dtype: Name
     shape: Shape
     data: bytes
@@ -42,12 +43,12 @@ class WireTensor(_Message, array_like=True):
 Tensors = Annotated[dict[Name, WireTensor], msgspec.Meta(max_length=MAX_TENSORS)]
 
 
-class OutputSpec(_Message, array_like=True):
+class OutputSpec(_Message, array_like=True, frozen=True):
     shape: Shape
     dtype: Name
 
 
-class Poison(_Message, array_like=True):
+class Poison(_Message, array_like=True, frozen=True):
     """What the child writes into every output before the candidate runs (drawn per call)."""
 
     kind: str
@@ -60,7 +61,7 @@ Scalar = bool | int | float
 # parent -> child
 
 
-class Call(_Message, tag="call"):
+class Call(_Message, tag="call", frozen=True):
     """Run the entry on buffer set ``buffers``: fresh buffers (``refill`` false) or new values
     copied into the existing ones (only the graph-dynamic inputs travel then)."""
 
@@ -75,14 +76,14 @@ class Call(_Message, tag="call"):
     poison: Poison
 
 
-class Capture(_Message, tag="capture"):
+class Capture(_Message, tag="capture", frozen=True):
     """Set up ``call``'s buffers and capture one call of the entry with the graph backend."""
 
     call: Call
     backend: str
 
 
-class Replay(_Message, tag="replay"):
+class Replay(_Message, tag="replay", frozen=True):
     """Copy fresh dynamic inputs into the captured buffers, poison the outputs, replay."""
 
     seq: int
@@ -91,7 +92,7 @@ class Replay(_Message, tag="replay"):
     poison: Poison
 
 
-class Stop(_Message, tag="stop"):
+class Stop(_Message, tag="stop", frozen=True):
     pass
 
 
@@ -101,23 +102,23 @@ ToChild = Call | Capture | Replay | Stop
 # child -> parent
 
 
-class Booted(_Message, tag="booted"):
+class Booted(_Message, tag="booted", frozen=True):
     """Sent once the confinement is applied, before any candidate code is imported."""
 
     rank: int
     applied: Annotated[dict[Name, Text], msgspec.Meta(max_length=MAX_TENSORS)]
 
 
-class Ready(_Message, tag="ready"):
+class Ready(_Message, tag="ready", frozen=True):
     rank: int
 
 
-class ImportFailed(_Message, tag="import_failed"):
+class ImportFailed(_Message, tag="import_failed", frozen=True):
     reason: Text  # one line
     detail: Detail  # the traceback, shown with --debug only
 
 
-class Result(_Message, tag="result"):
+class Result(_Message, tag="result", frozen=True):
     seq: int
     outputs: Tensors
     inputs_after: Tensors
@@ -126,17 +127,17 @@ class Result(_Message, tag="result"):
     returned: Text = ""  # what the entry returned, described ("" for None): a hint for its author, never judged
 
 
-class Raised(_Message, tag="raised"):
+class Raised(_Message, tag="raised", frozen=True):
     seq: int
     reason: Text
     detail: Detail
 
 
-class Captured(_Message, tag="captured"):
+class Captured(_Message, tag="captured", frozen=True):
     seq: int
 
 
-class BackendFailed(_Message, tag="backend_failed"):
+class BackendFailed(_Message, tag="backend_failed", frozen=True):
     """The graph machinery itself failed: an infrastructure error, not the candidate's."""
 
     seq: int
