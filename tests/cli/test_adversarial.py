@@ -63,6 +63,20 @@ EXPECTED = {
     "harness-batch-and-skip": (2, "FAIL", "output out"),
     "harness-stale-own": (2, "FAIL", "output out"),  # found attacking the stale-data poison itself
     "harness-timer-patch": (2, "FAIL", "[attribute-assignment]"),
+    # Attacks on the parent through the channel and the output (issue 20, part 3). Those that need the
+    # channel's fd or a clock are refused by the scan; CHANNEL_RUNTIME runs them with the scan bypassed.
+    "channel-stops-mid-frame": (2, "FAIL", "[not-allowed-import]"),
+    "channel-slow-under-budget": (2, "FAIL", "[not-allowed-import]"),
+    "channel-forged-shape": (2, "FAIL", "[not-allowed-import]"),
+    "channel-floods-output": (0, "NUMERICAL_PASS", "earlier bytes not kept"),
+    "channel-huge-reason": (2, "FAIL", "entry raised: ValueError: xxx"),
+    "channel-escape-bytes": (2, "FAIL", "ValueError: \\x1b[32mPASS\\x1b[0m \\u202eevil"),
+}
+# with the scan bypassed: each ends, within small deadlines, in a FAIL that names what the parent refused
+CHANNEL_RUNTIME = {
+    "channel-stops-mid-frame": ("candidate timeout", "stopped mid-frame, after 5 bytes"),
+    "channel-slow-under-budget": ("candidate timeout", "no answer within the op's 8s (--op-timeout)"),
+    "channel-forged-shape": ("malformed result", "where float32 [1, 1024] was allocated"),
 }
 
 
@@ -97,6 +111,24 @@ def test_runtime_layer_holds_without_the_scan(name):
     report = verify_bundle(snapshot := read_snapshot(root), load_manifest(snapshot), VerifyOptions(dtypes=("float32",)))
     assert report.verdict == "FAIL", report.reason
     assert any(text in report.reason for text in BEYOND_THE_SCAN[name].split("|")), report.reason
+
+
+@pytest.mark.parametrize("name", sorted(CHANNEL_RUNTIME))
+def test_channel_attacks_hold_without_the_scan(name):
+    root = ADVERSARIAL / name
+    options = VerifyOptions(dtypes=("float32",), case="float32/r0", timeout=60.0, op_timeout=8.0)
+    report = verify_bundle(snapshot := read_snapshot(root), load_manifest(snapshot), options)
+    assert report.verdict == "FAIL" and all(text in report.reason for text in CHANNEL_RUNTIME[name]), report.reason
+
+
+def test_channel_output_and_reasons_are_bounded_and_escaped(cli):
+    flood = cli("verify", str(ADVERSARIAL / "channel-floods-output"), "--dtype", "float32", "--case", "float32/r0",
+                "--json")
+    op = json.loads(flood.stdout)["ops"][0]
+    assert op["candidate_output_bytes"] > 1 << 30 and len(op["candidate_output"]) < 16 << 10
+    for name in ("channel-huge-reason", "channel-escape-bytes"):
+        shown = cli("verify", str(ADVERSARIAL / name), "--dtype", "float32", "--debug")
+        assert len(shown.stdout) < 256 << 10 and not any(ch in shown.stdout for ch in "\x1b\x07\u202e")
 
 
 def test_forged_output_is_shown_as_untrusted_and_ignored(cli):

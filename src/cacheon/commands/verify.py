@@ -17,7 +17,14 @@ from cacheon.contract.profiles import get_profile
 from cacheon.errors import UsageError
 from cacheon.evidence.classes import EvidenceClass, bundle_subject
 from cacheon.evidence.record import add_record_arguments, record_from_cli
-from cacheon.verify.plan import Confinement, VerifyOptions, case_kind, draw_seed
+from cacheon.verify.plan import (
+    DEFAULT_OP_TIMEOUT,
+    DEFAULT_RUN_TIMEOUT,
+    Confinement,
+    VerifyOptions,
+    case_kind,
+    draw_seed,
+)
 from cacheon.verify.report import CaseResult, OpReport, StageResult, VerifyReport
 from cacheon.verify.runner import chosen_ops, verify_bundle
 from cacheon.verify.sandbox import require_bubblewrap
@@ -51,7 +58,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "shapes come from the run seed, so give that run's --seed too. A check for the author: never "
                    "recorded, never a bundle's verdict")
     p.add_argument("--timeout", type=positive_float, default=120.0, metavar="SECONDS",
-                   help="seconds one kernel call may take before the candidate's sandbox is killed")
+                   help="seconds one kernel call (one read or write of the candidate's channel) may take before "
+                   "the candidate's sandbox is killed")
+    p.add_argument("--op-timeout", type=positive_float, default=DEFAULT_OP_TIMEOUT, metavar="SECONDS",
+                   help="wall-clock seconds one op may take in all, its sandbox's start included, before the "
+                   f"sandbox is killed and the op fails (default {DEFAULT_OP_TIMEOUT:g})")
+    p.add_argument("--run-timeout", type=positive_float, default=DEFAULT_RUN_TIMEOUT, metavar="SECONDS",
+                   help="wall-clock seconds the whole run may take; an op still running then fails, and the ops "
+                   f"after it fail unrun (default {DEFAULT_RUN_TIMEOUT:g})")
     p.add_argument("--graph-replays", type=non_negative_int, default=3, metavar="N",
                    help="poisoned CUDA-graph replays per case (cuda only; 0 skips the graph proof)")
     p.add_argument("--stability-calls", type=non_negative_int, default=1000, metavar="N",
@@ -125,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     confinement = Confinement(args.confinement)
     options = VerifyOptions(
         device=args.device, dtypes=tuple(args.dtype), seed=seed, timeout=args.timeout,
+        op_timeout=args.op_timeout, run_timeout=args.run_timeout,
         graph_replays=args.graph_replays, keep_going=args.keep_going, world_size=args.world_size,
         profile=get_profile(args.model) if args.model else None, confinement=confinement,
         stability_calls=args.stability_calls, case=args.case,

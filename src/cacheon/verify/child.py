@@ -25,7 +25,6 @@ import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from cacheon.verify import channel, poison
 from cacheon.verify.confine import apply_limits, drop_to, effective_capabilities
 from cacheon.verify.graphs import CandidateRaised, GraphBackend, load_backend
 from cacheon.verify.messages import (
+    DETAIL_CHARS,
     BackendFailed,
     Boot,
     Booted,
@@ -51,7 +51,7 @@ from cacheon.verify.messages import (
     Result,
     Stop,
 )
-from cacheon.verify.untrusted import describe
+from cacheon.verify.untrusted import bounded, describe
 
 BOOTSTRAP = (
     "import sys; sys.path.extend(sys.argv[1].split(':')); "
@@ -102,7 +102,7 @@ def _returned(value: object) -> str:
 
 def _traceback() -> str:
     try:
-        return traceback.format_exc(limit=8)
+        return bounded(traceback.format_exc(limit=8), DETAIL_CHARS)
     except BaseException:  # formatting runs the candidate's __str__
         return "(traceback unavailable)"
 
@@ -191,7 +191,7 @@ class Session:
             elif after[1:4] != before[name][1:4]:
                 violations.append(f"output {name}: shape/stride/dtype changed from {before[name][1:4]} to {after[1:4]}")
         return Result(seq, channel.tensors_to_wire(buffers.outputs), channel.tensors_to_wire(buffers.inputs),
-                      violations, harness, _returned(returned))
+                      violations, harness, bounded(_returned(returned)))
 
     def capture(self, msg: Capture) -> Reply:
         """Capture one call over fixed buffers with the graph backend. An exception from the
@@ -283,19 +283,19 @@ def _load_candidate(boot: Boot) -> tuple[Callable[..., Any], Callable[..., Any] 
     return entry, prepare
 
 
-def serve(boot: Boot, conn: Connection, applied: dict[str, str]) -> None:
-    conn.send_bytes(channel.encode(Booted(boot.rank, applied)))
+def serve(boot: Boot, conn: channel.Endpoint, applied: dict[str, str]) -> None:
+    conn.send(channel.encode(Booted(boot.rank, applied)))
     try:
         group = _init_group(boot)
         entry, prepare = _load_candidate(boot)
     except BaseException as exc:  # an import that raises or exits is the candidate's failure
-        conn.send_bytes(channel.encode(ImportFailed(describe(exc), _traceback())))
+        conn.send(channel.encode(ImportFailed(describe(exc), _traceback())))
         return
     session = Session(entry, prepare, group, boot.device)
-    conn.send_bytes(channel.encode(Ready(boot.rank)))
+    conn.send(channel.encode(Ready(boot.rank)))
     torch.set_grad_enabled(False)  # what the pin's DynamicGradMode does around every forward
     while True:
-        msg = channel.decode_to_child(conn.recv_bytes())
+        msg = channel.decode_to_child(conn.receive())
         if isinstance(msg, Stop):
             return
         if isinstance(msg, Call):
@@ -304,7 +304,7 @@ def serve(boot: Boot, conn: Connection, applied: dict[str, str]) -> None:
             reply = session.capture(msg)
         else:
             reply = session.replay(msg)
-        conn.send_bytes(channel.encode(reply))
+        conn.send(channel.encode(reply))
 
 
 def main(boot_json: str) -> None:
@@ -313,4 +313,4 @@ def main(boot_json: str) -> None:
         _confine(boot)
         raise SystemExit(_launch_ranks(boot))
     applied = _confine(boot)
-    serve(boot, Connection(boot.fds[boot.rank]), applied)
+    serve(boot, channel.Endpoint.from_fd(boot.fds[boot.rank]), applied)

@@ -1,9 +1,11 @@
 """The candidate's processes as the parent sees them: one sandbox per op, one channel per rank.
 
 Every rank of a collective runs in the same sandbox (they meet over its loopback), each behind
-its own parent-owned socket; a rank sees no other rank's channel. Every exchange is bounded by a
-timeout that kills the whole sandbox rather than wait forever. With ``--confinement none`` the
-same child runs as a plain process of the verifier, in a private working directory.
+its own parent-owned socket; a rank sees no other rank's channel. Every read and write of a
+channel is bounded by a deadline that kills the whole sandbox rather than wait forever, every
+reply by the bytes of what the parent asked for, and the candidate's output by a fixed tail. With
+``--confinement none`` the same child runs as a plain process of the verifier, in a private
+working directory.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Sequence
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 import msgspec
@@ -25,10 +26,13 @@ from cacheon.bundle.snapshot import Snapshot, materialise
 from cacheon.errors import CacheonError
 from cacheon.verify import channel
 from cacheon.verify.child import BOOTSTRAP
+from cacheon.verify.deadline import Deadline, earliest
 from cacheon.verify.messages import (
     Boot,
     Booted,
     BootLimits,
+    Call,
+    Capture,
     FromChild,
     ImportFailed,
     Ready,
@@ -36,11 +40,13 @@ from cacheon.verify.messages import (
     Stop,
     ToChild,
 )
+from cacheon.verify.output import OutputTail
 from cacheon.verify.plan import Confinement, Limits
 from cacheon.verify.sandbox import BUNDLE_MOUNT, SANDBOX_UID, WORKDIR, Launch, Mounts, processes_in
-from cacheon.verify.untrusted import escape_controls, one_line
+from cacheon.verify.untrusted import MAX_REASON, escape_controls, escaped, one_line
 
-MAX_MESSAGE_BYTES = 1 << 31
+#: how long a child may take to read the parent's Stop before it is killed anyway
+STOP_SECONDS = 1.0
 #: host environment variables the child keeps (device selection); everything else is dropped
 ENV_KEEP = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "TZ")
 
@@ -78,7 +84,12 @@ def _child_env(device: str, workdir: str) -> dict[str, str]:
 
 
 class CandidateGroup:
-    """The processes verifying one op: ``world`` ranks in one sandbox (or unconfined)."""
+    """The processes verifying one op: ``world`` ranks in one sandbox (or unconfined).
+
+    Every read and write of a rank's channel runs under the earliest of the per-call ``timeout``
+    and ``deadline`` (the op's, itself bounded by the run's); a reply may take no more bytes than
+    the buffer set it answers for (known here: the parent declared it) plus the bounded text of
+    a message; every message is escaped as it is decoded."""
 
     def __init__(
         self,
@@ -90,21 +101,24 @@ class CandidateGroup:
         confinement: Confinement,
         limits: Limits,
         timeout: float,
+        *,
+        deadline: Deadline | None = None,
     ) -> None:
         self.world = world
         self.confinement = confinement
         self._timeout = timeout
+        self._deadline = deadline
+        self._sets: dict[tuple[int, int], int] = {}  # (rank, buffer set) -> its tensors' bytes
         self._tmp = tempfile.TemporaryDirectory(prefix="cacheon-verify-")
         tmp = Path(self._tmp.name)
-        self.log_path = tmp / "candidate.log"
-        self.log_path.touch(mode=0o600)
+        self._output = OutputTail(tmp / "candidate.out")
         materialise(bundle, declared, tmp / "bundle")  # the admitted bytes, never the bundle's path again
         confined = confinement is Confinement.BUBBLEWRAP
         workdir = WORKDIR if confined else str(tmp / "work")
         if not confined:
             os.mkdir(workdir, 0o700)
         pairs = [socket.socketpair() for _ in range(world)]
-        self._conns = [Connection(parent.detach()) for parent, _ in pairs]
+        self._ends = [channel.Endpoint(parent) for parent, _ in pairs]
         child_fds = [child.detach() for _, child in pairs]
         boot = Boot(
             rank=0 if world == 1 else -1, world=world, fds=child_fds,
@@ -124,16 +138,17 @@ class CandidateGroup:
         try:
             if confined:
                 self._launch = Launch.start(mounts, str(tmp / "bundle"), device, limits.tmpfs_bytes, command, env,
-                                            child_fds, self.log_path)
+                                            child_fds, self._output.path)
                 self._process = self._launch.process
             else:
-                with self.log_path.open("ab") as out:
+                with self._output.path.open("ab") as out:
                     self._process = subprocess.Popen(command, pass_fds=child_fds, env=env, cwd=workdir,
                                                      stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                                      start_new_session=True)
         finally:
             for fd in child_fds:
                 os.close(fd)
+            self._output.start()
 
     def __enter__(self) -> CandidateGroup:
         return self
@@ -144,30 +159,41 @@ class CandidateGroup:
     def _rank_prefix(self, rank: int) -> str:
         return f"rank {rank}: " if self.world > 1 else ""
 
-    def receive(self, rank: int, timeout: float | None = None) -> FromChild:
+    def _bound(self, timeout: float | None) -> Deadline:
         timeout = self._timeout if timeout is None else timeout
-        conn = self._conns[rank]
+        return earliest(Deadline.after(timeout, f"{timeout:g}s (--timeout)"), self._deadline)
+
+    def receive(self, rank: int, timeout: float | None = None, limit: int = channel.TEXT_BUDGET) -> FromChild:
+        """One message from ``rank``, of at most ``limit`` bytes, under the earliest deadline."""
+        bound = self._bound(timeout)
+        prefix = self._rank_prefix(rank)
         try:
-            if not conn.poll(timeout):
-                self.kill()
-                raise ChildFailure("timeout", f"{self._rank_prefix(rank)}no answer within {timeout:g}s; "
-                                   "the candidate process was killed")
-            data = conn.recv_bytes(maxlength=MAX_MESSAGE_BYTES)
+            data = self._ends[rank].receive(limit, bound.at)
         except (EOFError, ConnectionResetError, BrokenPipeError):
-            raise ChildFailure("crashed", self._rank_prefix(rank) + self._exit_description()) from None
-        except OSError as exc:
+            raise ChildFailure("crashed", prefix + self._exit_description()) from None
+        except channel.ChannelTimeout as late:
             self.kill()
-            raise ChildFailure("protocol", f"{self._rank_prefix(rank)}unreadable message ({exc})") from None
+            where = f" (it stopped mid-frame, after {late.partial} bytes)" if late.partial else ""
+            raise ChildFailure("timeout", f"{prefix}no answer within {bound.what}{where}; the candidate process "
+                               "was killed") from None
+        except (channel.ChannelError, OSError) as exc:
+            self.kill()
+            raise ChildFailure("protocol", f"{prefix}unreadable message ({exc})") from None
         try:
-            return channel.decode_from_child(data)
+            return escaped(channel.decode_from_child(data))
         except channel.ChannelError as exc:
             self.kill()
-            raise ChildFailure("protocol", f"{self._rank_prefix(rank)}the candidate process sent an invalid "
-                               f"message ({exc})") from None
+            raise ChildFailure("protocol", f"{prefix}the candidate process sent an invalid "
+                               f"message ({escape_controls(str(exc))[:MAX_REASON]})") from None
 
     def send(self, rank: int, message: ToChild) -> None:
+        bound = self._bound(None)
         try:
-            self._conns[rank].send_bytes(channel.encode(message))
+            self._ends[rank].send(channel.encode(message), bound.at)
+        except channel.ChannelTimeout:
+            self.kill()
+            raise ChildFailure("timeout", f"{self._rank_prefix(rank)}the candidate process stopped reading its "
+                               f"channel: a message was not taken within {bound.what}; it was killed") from None
         except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
             raise ChildFailure("crashed", self._rank_prefix(rank) + self._exit_description()) from None
 
@@ -178,6 +204,8 @@ class CandidateGroup:
             try:
                 booted = self.receive(rank, 60.0)
             except ChildFailure as failure:
+                if self._deadline is not None and self._deadline.passed():
+                    raise  # the op's (or the run's) time ran out, not the sandbox's start
                 raise InfrastructureError(f"the candidate's sandbox did not start ({failure.reason}; "
                                           f"{one_line(self.output_tail())})") from None
             if not isinstance(booted, Booted):
@@ -194,17 +222,30 @@ class CandidateGroup:
         return applied
 
     def exchange(self, messages: Sequence[ToChild], seq: int) -> list[Reply]:
-        """One message to each rank (all sent before any answer is awaited), one reply from each."""
+        """One message to each rank (all sent before any answer is awaited), one reply from each,
+        of at most the bytes of the buffer set it answers for."""
+        limits = [self._reply_limit(rank, message) for rank, message in enumerate(messages)]
         for rank, message in enumerate(messages):
             self.send(rank, message)
         replies: list[Reply] = []
         for rank in range(len(messages)):
-            reply = self.receive(rank)
+            reply = self.receive(rank, limit=limits[rank])
             if isinstance(reply, (Booted, Ready, ImportFailed)) or reply.seq != seq:
                 self.kill()
                 raise ChildFailure("protocol", f"{self._rank_prefix(rank)}answered out of turn")
             replies.append(reply)
         return replies
+
+    def _reply_limit(self, rank: int, message: ToChild) -> int:
+        """What the reply to ``message`` may take: its buffer set's tensors (as the parent declared
+        them, mirroring the child: fresh on a first call, kept on a refill), then the text budget.
+        A capture's reply carries no tensor."""
+        call = message.call if isinstance(message, Capture) else message
+        if isinstance(call, Call) and (not call.refill or (rank, call.buffers) not in self._sets):
+            self._sets[rank, call.buffers] = channel.buffer_bytes(call)
+        if isinstance(message, (Capture, Stop)):
+            return channel.TEXT_BUDGET
+        return self._sets.get((rank, message.buffers), 0) + channel.TEXT_BUDGET
 
     def extra_processes(self) -> int | None:
         """Processes in the sandbox beyond bubblewrap's init, the child and (collectives) its
@@ -214,15 +255,17 @@ class CandidateGroup:
         expected = 2 + (self.world if self.world > 1 else 0)
         return max(0, len(processes_in(self._launch.pid_namespace)) - expected)
 
-    def output_tail(self, limit: int = 4000) -> str:
-        """What the candidate printed (untrusted text, escaped, for the report only)."""
-        try:
-            with self.log_path.open("rb") as fh:
-                fh.seek(max(0, self.log_path.stat().st_size - limit))
-                data = fh.read(limit)
-        except OSError:
-            return ""
-        return escape_controls(data.decode("utf-8", "replace"), keep_newlines=True)
+    def output_tail(self) -> str:
+        """The end of what the candidate printed (untrusted text, escaped, for the report only);
+        once its processes are gone, all of it up to their last words."""
+        if self._process.poll() is not None:
+            self._output.settle(2.0)
+        return self._output.text()
+
+    @property
+    def output_bytes(self) -> int:
+        """How much the candidate printed, kept or not."""
+        return self._output.total
 
     def _exit_description(self) -> str:
         try:
@@ -251,12 +294,14 @@ class CandidateGroup:
 
     def close(self) -> None:
         if self._process.poll() is None:
-            for rank in range(self.world):
-                with contextlib.suppress(OSError, EOFError):
-                    self._conns[rank].send_bytes(channel.encode(Stop()))
+            stop = channel.encode(Stop())
+            for end in self._ends:
+                with contextlib.suppress(OSError, EOFError, channel.ChannelError):
+                    end.send(stop, Deadline.after(STOP_SECONDS, "stop").at)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._process.wait(5)
         self.kill()
-        for conn in self._conns:
-            conn.close()
+        for end in self._ends:
+            end.close()
+        self._output.close()
         self._tmp.cleanup()

@@ -2,26 +2,53 @@
 
 The types are the contract: the parent decodes what the child sends into ``FromChild`` and
 nothing else (a forged or truncated message is a decode error, never a half-trusted dict), and a
-tensor is plain data (dtype name, shape, raw bytes) that the receiver rebuilds by value.
+tensor is plain data (dtype name, shape, raw bytes) that the receiver rebuilds by value. Every
+struct refuses fields it does not name, and every string, list and map has a bound: a message
+past one is a decode error, so what the child sends is bounded before the parent looks at it.
 """
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
+#: characters in one line of text from the child (a reason, a note, a description)
+TEXT_CHARS = 4096
+#: characters in a traceback from the child (shown with --debug only)
+DETAIL_CHARS = 32768
+#: notes in one list (layout violations, harness problems), entries in one map
+MAX_NOTES = 16
+MAX_TENSORS = 64
+MAX_DIMS = 8
 
-class WireTensor(msgspec.Struct, array_like=True, frozen=True):
-    dtype: str
-    shape: list[int]
+Text = Annotated[str, msgspec.Meta(max_length=TEXT_CHARS)]
+Detail = Annotated[str, msgspec.Meta(max_length=DETAIL_CHARS)]
+Notes = Annotated[list[Text], msgspec.Meta(max_length=MAX_NOTES)]
+Name = Annotated[str, msgspec.Meta(max_length=64)]
+Shape = Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=MAX_DIMS)]
+
+
+class _Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Every message: immutable, and a field it does not declare is refused, never ignored. (Each
+    subclass repeats ``frozen=True`` for type checkers; the config is inherited either way.)"""
+
+
+class WireTensor(_Message, array_like=True, frozen=True):
+    dtype: Name
+    shape: Shape
     data: bytes
 
 
-class OutputSpec(msgspec.Struct, array_like=True, frozen=True):
-    shape: list[int]
-    dtype: str
+Tensors = Annotated[dict[Name, WireTensor], msgspec.Meta(max_length=MAX_TENSORS)]
 
 
-class Poison(msgspec.Struct, array_like=True, frozen=True):
+class OutputSpec(_Message, array_like=True, frozen=True):
+    shape: Shape
+    dtype: Name
+
+
+class Poison(_Message, array_like=True, frozen=True):
     """What the child writes into every output before the candidate runs (drawn per call);
     ``pool``: earlier reference outputs, the stale data of the kinds that use it."""
 
@@ -36,15 +63,15 @@ Scalar = bool | int | float
 # parent -> child
 
 
-class Call(msgspec.Struct, tag="call", frozen=True):
+class Call(_Message, tag="call", frozen=True):
     """Run the entry on buffer set ``buffers``: fresh buffers (``refill`` false) or new values
     copied into the existing ones (only the graph-dynamic inputs travel then)."""
 
     seq: int
     buffers: int
     refill: bool
-    inputs: dict[str, WireTensor]
-    outputs: dict[str, OutputSpec]
+    inputs: Tensors
+    outputs: dict[Name, OutputSpec]
     scalars: dict[str, Scalar]
     args: list[str]
     prepare: list[str]  # inputs handed to the bundle's prepare (fresh buffers only)
@@ -52,23 +79,23 @@ class Call(msgspec.Struct, tag="call", frozen=True):
     frames: int = 0  # extra stack frames the entry is called under (the call depth, varied per call)
 
 
-class Capture(msgspec.Struct, tag="capture", frozen=True):
+class Capture(_Message, tag="capture", frozen=True):
     """Set up ``call``'s buffers and capture one call of the entry with the graph backend."""
 
     call: Call
     backend: str
 
 
-class Replay(msgspec.Struct, tag="replay", frozen=True):
+class Replay(_Message, tag="replay", frozen=True):
     """Copy fresh dynamic inputs into the captured buffers, poison the outputs, replay."""
 
     seq: int
     buffers: int
-    inputs: dict[str, WireTensor]
+    inputs: Tensors
     poison: Poison
 
 
-class Stop(msgspec.Struct, tag="stop", frozen=True):
+class Stop(_Message, tag="stop", frozen=True):
     pass
 
 
@@ -78,46 +105,46 @@ ToChild = Call | Capture | Replay | Stop
 # child -> parent
 
 
-class Booted(msgspec.Struct, tag="booted", frozen=True):
+class Booted(_Message, tag="booted", frozen=True):
     """Sent once the confinement is applied, before any candidate code is imported."""
 
     rank: int
-    applied: dict[str, str]
+    applied: Annotated[dict[Name, Text], msgspec.Meta(max_length=MAX_TENSORS)]
 
 
-class Ready(msgspec.Struct, tag="ready", frozen=True):
+class Ready(_Message, tag="ready", frozen=True):
     rank: int
 
 
-class ImportFailed(msgspec.Struct, tag="import_failed", frozen=True):
-    reason: str  # one line
-    detail: str  # the traceback, shown with --debug only
+class ImportFailed(_Message, tag="import_failed", frozen=True):
+    reason: Text  # one line
+    detail: Detail  # the traceback, shown with --debug only
 
 
-class Result(msgspec.Struct, tag="result", frozen=True):
+class Result(_Message, tag="result", frozen=True):
     seq: int
-    outputs: dict[str, WireTensor]
-    inputs_after: dict[str, WireTensor]
-    violations: list[str]  # layout checks made in the child: they can only make a verdict worse
-    harness: list[str]  # problems of the harness itself (a refill that changed nothing)
-    returned: str = ""  # what the entry returned, described ("" for None): a hint for its author, never judged
+    outputs: Tensors
+    inputs_after: Tensors
+    violations: Notes  # layout checks made in the child: they can only make a verdict worse
+    harness: Notes  # problems of the harness itself (a refill that changed nothing)
+    returned: Text = ""  # what the entry returned, described ("" for None): a hint for its author, never judged
 
 
-class Raised(msgspec.Struct, tag="raised", frozen=True):
+class Raised(_Message, tag="raised", frozen=True):
     seq: int
-    reason: str
-    detail: str
+    reason: Text
+    detail: Detail
 
 
-class Captured(msgspec.Struct, tag="captured", frozen=True):
+class Captured(_Message, tag="captured", frozen=True):
     seq: int
 
 
-class BackendFailed(msgspec.Struct, tag="backend_failed", frozen=True):
+class BackendFailed(_Message, tag="backend_failed", frozen=True):
     """The graph machinery itself failed: an infrastructure error, not the candidate's."""
 
     seq: int
-    detail: str
+    detail: Detail
 
 
 FromChild = Booted | Ready | ImportFailed | Result | Raised | Captured | BackendFailed

@@ -33,6 +33,11 @@ DRAWN_ELEMENT_BUDGET = 1 << 24
 STABILITY_ELEMENT_BUDGET = 1 << 18
 STABILITY_MAX_TOKENS = 4
 DEFAULT_WORLD_SIZE = 2
+#: an op's and a run's wall-clock deadlines (--op-timeout, --run-timeout): a child that answers
+#: just under every per-call --timeout still ends here. An op bundle verifies in well under a
+#: minute on CPU; the op's bound matches the child's CPU-seconds limit.
+DEFAULT_OP_TIMEOUT = 1800.0
+DEFAULT_RUN_TIMEOUT = 7200.0
 
 
 class Confinement(StrEnum):
@@ -64,8 +69,11 @@ class VerifyOptions:
     device: str = "cpu"
     dtypes: tuple[str, ...] = ()
     seed: int | None = None  # None: drawn from OS entropy for this run
-    timeout: float = 120.0
+    timeout: float = 120.0  # one call (one read or write of the candidate's channel)
     import_timeout: float = 120.0
+    #: wall-clock seconds for one op (its sandbox's start to its last reply), and for the whole run
+    op_timeout: float = DEFAULT_OP_TIMEOUT
+    run_timeout: float = DEFAULT_RUN_TIMEOUT
     graph_replays: int = 3
     keep_going: bool = False
     world_size: int | None = None  # collectives; None means the default of 2

@@ -143,7 +143,8 @@ class OpReport:
     reason: str
     stages: tuple[StageResult, ...] = ()
     confinement: dict[str, str] = field(default_factory=dict)  # what the child applied
-    candidate_output: str = ""  # what the candidate printed: untrusted, escaped, shown, never parsed
+    candidate_output: str = ""  # the end of what the candidate printed: untrusted, escaped, shown, never parsed
+    candidate_output_bytes: int = 0  # how much it printed in all (the parent keeps only the end)
     detail: str = ""  # a traceback from the candidate's process: shown with --debug only
 
     @property

@@ -20,6 +20,7 @@ from cacheon.contract.spec import SlotSpec
 from cacheon.errors import UsageError
 from cacheon.runtime.identity import runtime_identity
 from cacheon.verify import stages
+from cacheon.verify.deadline import Deadline, earliest
 from cacheon.verify.launcher import CandidateGroup, ChildFailure, InfrastructureError
 from cacheon.verify.plan import (
     DEFAULT_WORLD_SIZE,
@@ -100,8 +101,9 @@ def verify_bundle(
     declared = manifest.declared_files()
     threads = torch.get_num_threads()
     torch.set_num_threads(PARENT_THREADS)
+    run_deadline = Deadline.after(options.run_timeout, f"the run's {options.run_timeout:g}s (--run-timeout)")
     try:
-        ops = [_verify_op(bundle, declared, op, options, run_seed, progress, case)
+        ops = [_verify_op(bundle, declared, op, options, run_seed, progress, case, run_deadline)
                for op, case in chosen]
     finally:
         torch.set_num_threads(threads)
@@ -156,7 +158,7 @@ def _dtypes(slot: SlotSpec, op: OpEntry, requested: tuple[str, ...]) -> list[str
 
 def _verify_op(
     bundle: Snapshot, declared: tuple[str, ...], op: OpEntry, options: VerifyOptions, seed: int,
-    progress: Progress | None, case: str | None = None,
+    progress: Progress | None, case: str | None, run_deadline: Deadline,
 ) -> OpReport:
     slot = _slot_for(op, options)
     dtypes = _dtypes(slot, op, options.dtypes)
@@ -168,7 +170,11 @@ def _verify_op(
 
     if not dtypes:
         return report("FAIL", "no dtype left to verify (manifest dtypes ∩ --dtype is empty)")
+    if run_deadline.passed():  # the ops before this one took the run's time: none of it is left
+        return report("FAIL", f"not run: {run_deadline.what} passed before this op started")
     world = world_size_for(slot, options)
+    deadline = earliest(Deadline.after(options.op_timeout, f"the op's {options.op_timeout:g}s (--op-timeout)"),
+                        run_deadline)
 
     def emit(result: CaseResult | StageResult) -> None:
         if progress is not None:
@@ -178,7 +184,7 @@ def _verify_op(
     applied: dict[str, str] = {}
     try:
         group = CandidateGroup(bundle, declared, op, options.device, world, options.confinement,
-                               options.resolved_limits(), options.timeout)
+                               options.resolved_limits(), options.timeout, deadline=deadline)
     except OSError as exc:  # starting the child failed: the harness, not the candidate
         raise InfrastructureError(f"verification harness failed for {slot.name}: {exc}") from exc
     with group:
@@ -188,11 +194,13 @@ def _verify_op(
             left = group.extra_processes()
         except ChildFailure as failure:
             return report("FAIL", f"candidate {failure.kind}: {failure.reason}", stages=tuple(done),
-                          confinement=applied, candidate_output=group.output_tail(), detail=failure.detail)
-        output = group.output_tail()
+                          confinement=applied, candidate_output=group.output_tail(),
+                          candidate_output_bytes=group.output_bytes, detail=failure.detail)
+        output, printed = group.output_tail(), group.output_bytes
     verdict, reason = _conclude(slot, done, left, case)
     detail = next((c.detail for s in done for c in s.cases if c.detail), "")
-    return report(verdict, reason, stages=tuple(done), confinement=applied, candidate_output=output, detail=detail)
+    return report(verdict, reason, stages=tuple(done), confinement=applied, candidate_output=output,
+                  candidate_output_bytes=printed, detail=detail)
 
 
 def _run_stages(run: stages.Run, done: list[StageResult], emit: Callable[[StageResult], None]) -> None:

@@ -1,31 +1,71 @@
-"""Text that came from the candidate's process: made safe to show before it is ever printed.
+"""Text that came from the candidate's process: bounded and made safe to show before it is ever printed.
 
-Exception messages, tracebacks and captured output are the candidate's words. Control characters
-(terminal escapes, carriage returns, bidi overrides) are escaped so a candidate cannot repaint the
-verifier's report, and reasons are cut to one line.
+Exception messages, tracebacks, captured output and every string of every message are the
+candidate's words. Every character that is not plainly visible (terminal escapes, carriage
+returns, bidi overrides, unassigned and private-use code points) is escaped so a candidate cannot
+repaint the verifier's report or terminal, texts are bounded, and reasons are cut to one line.
 """
 
 from __future__ import annotations
 
 import unicodedata
+from typing import TypeVar
+
+import msgspec
+
+from cacheon.verify.messages import TEXT_CHARS
 
 MAX_REASON = 400
+_PLAIN = frozenset("LMNPS")  # the Unicode major categories of visible text
+T = TypeVar("T")
 
 
 def escape_controls(text: str, keep_newlines: bool = False) -> str:
-    """Every control or format character as a visible escape (``\\x1b``, ``\\u202e``)."""
+    """Every character that is not plain text as a visible escape (``\\x1b``, ``\\u202e``): plain is
+    a letter, mark, number, punctuation, symbol or space separator, anything else (controls,
+    format and bidi characters, surrogates, private-use and unassigned code points, line and
+    paragraph separators) is escaped. What is kept is named, not what is refused."""
     out = []
     for ch in text:
         if ch == "\n" and keep_newlines:
             out.append(ch)
         elif ch == "\t":
             out.append("    ")
-        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+        elif not _plain(ch):
             code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
         else:
             out.append(ch)
     return "".join(out)
+
+
+def _plain(ch: str) -> bool:
+    category = unicodedata.category(ch)
+    return category[0] in _PLAIN or category == "Zs"
+
+
+def bounded(text: str, limit: int = TEXT_CHARS) -> str:
+    """At most ``limit`` characters: the head and the tail, the middle cut (the type of an
+    exception is at the start of its text, a traceback's last line at the end)."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 1) // 2
+    return text[:half] + "…" + text[len(text) - (limit - 1 - half):]
+
+
+def escaped(value: T) -> T:
+    """A message from the child with every string in it (map keys too) escaped; bytes untouched.
+    Applied to each message as it is decoded, so no text of the child's reaches the parent raw."""
+    result: object = value
+    if isinstance(value, str):
+        result = escape_controls(value, keep_newlines=True)
+    elif isinstance(value, msgspec.Struct):
+        result = msgspec.structs.replace(value, **{f: escaped(getattr(value, f)) for f in value.__struct_fields__})
+    elif isinstance(value, list):
+        result = [escaped(v) for v in value]
+    elif isinstance(value, dict):
+        result = {escaped(k): escaped(v) for k, v in value.items()}
+    return result  # type: ignore[return-value]  # the same type in, the same type out
 
 
 def last_line(text: str) -> str:
@@ -40,10 +80,11 @@ def one_line(text: str) -> str:
 
 
 def describe(exc: BaseException) -> str:
-    """``Type: message`` for any exception, even one whose ``__str__`` itself raises."""
+    """``Type: message`` for any exception, even one whose ``__str__`` itself raises; bounded to
+    what a message's text field may carry."""
     name = type(exc).__name__
     try:
         message = str(exc)
     except BaseException:  # the candidate's own __str__ can do anything
         message = "(its message could not be read)"
-    return f"{name}: {message}" if message else name
+    return bounded(f"{name}: {message}" if message else name)
