@@ -1,0 +1,74 @@
+"""The first process inside a confined server's sandbox: drop privileges, set limits, relay, serve.
+
+``python -m cacheon.runtime.confined_init PLAN_JSON``, started by :mod:`cacheon.runtime.confined`
+inside bubblewrap. As root of the sandbox's user namespace (when the host side runs as root) it
+drops to the unprivileged uid first, which clears every capability; then it sets the resource
+limits (inherited by the server and everything it starts, the armed kernel included), starts one
+Unix-socket → loopback relay per published port and runs the server as its child until it exits
+or this process is told to stop.
+"""
+
+from __future__ import annotations
+
+import resource
+import signal
+import subprocess
+import sys
+from types import FrameType
+
+import msgspec
+
+from cacheon.runtime import relay
+from cacheon.verify.confine import drop_to, effective_capabilities
+
+
+class InitLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    address_space_bytes: int | None  # per process (None on CUDA: the driver reserves huge ranges)
+    processes: int  # processes and threads of the sandbox's uid
+    file_bytes: int
+    open_files: int
+
+
+class InitPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    command: list[str]
+    run_dir: str
+    ports: list[int]
+    limits: InitLimits
+    drop_uid: int | None = None
+
+
+def _limit(kind: int, value: int) -> None:
+    _soft, hard = resource.getrlimit(kind)
+    capped = value if hard == resource.RLIM_INFINITY else min(value, hard)
+    resource.setrlimit(kind, (capped, capped))
+
+
+def apply(limits: InitLimits) -> None:
+    if limits.address_space_bytes is not None:
+        _limit(resource.RLIMIT_AS, limits.address_space_bytes)
+    _limit(resource.RLIMIT_NPROC, limits.processes)
+    _limit(resource.RLIMIT_FSIZE, limits.file_bytes)
+    _limit(resource.RLIMIT_NOFILE, limits.open_files)
+
+
+def main(argv: list[str]) -> int:
+    plan = msgspec.json.decode(argv[1].encode(), type=InitPlan)
+    if plan.drop_uid is not None:
+        drop_to(plan.drop_uid, plan.drop_uid)
+    apply(plan.limits)
+    print(f"cacheon confined_init: capabilities {effective_capabilities()}", flush=True)
+    relays = relay.RelayThread(lambda: [relay.unix_to_tcp(relay.socket_path(plan.run_dir, p), p) for p in plan.ports])
+    server = subprocess.Popen(plan.command, start_new_session=True)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        server.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    code = server.wait()
+    relays.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
