@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cacheon.runtime.confined import ConfinedServer, Ports, ServeRequest, served
+from cacheon.runtime.confined import ConfinedServer, Ports, ServeLimits, ServeRequest, served
 from cacheon.verify.plan import Confinement
 from tests.engines.conftest import EnginePool, require_release
 from tests.engines.server import (
@@ -69,13 +69,14 @@ def start(
     env: dict[str, str] | None = None,
     confinement: Confinement = Confinement.BUBBLEWRAP,
     test_only_admit_unscanned: bool = False,
+    limits: ServeLimits | None = None,
 ) -> ConfinedEngine:
     require_release(spec.release)
     model = readable_model(pool, spec.release)
     request = ServeRequest(
         venv_python(spec.release), Path(model["path"]), spec.bundle, Ports(free_port(), free_port(), free_port()),
         tuple(serving_flags(spec)), {**release_env(spec), **(env or {})}, confinement=confinement,
-        test_only_admit_unscanned=test_only_admit_unscanned,
+        limits=limits or ServeLimits(), test_only_admit_unscanned=test_only_admit_unscanned,
     )  # fmt: skip
     server = served(request, workdir, BOOT_TIMEOUT_S)
     assert server.process is not None

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from cacheon.bundle.admission import admit
+from cacheon.runtime.confined import ServeError, ServeLimits
 from tests.engines import confined
 from tests.engines.server import REPO, EngineSpec, venv_python
 
@@ -142,3 +143,10 @@ def test_the_same_kernel_does_each_of_them_unconfined(host, tmp_path) -> None:
     finally:
         if lingering is not None and confined.host_pid_alive(lingering):
             os.kill(lingering, signal.SIGKILL)  # the process this test's kernel started
+
+
+def test_the_sandbox_is_stopped_when_its_processes_together_pass_the_memory_bound(engine_pool, tmp_path) -> None:
+    """The aggregate bound (summed resident memory of the sandbox's PID namespace), cheaply: a bound
+    the server's own start-up passes within seconds (python and torch imported: well over 64 MiB)."""
+    with pytest.raises(ServeError, match="resident memory .* past the sandbox's"):
+        confined.start(engine_pool, EngineSpec(PIN, 1), tmp_path, limits=ServeLimits(memory_bytes=64 << 20))
