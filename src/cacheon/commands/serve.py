@@ -63,7 +63,7 @@ def _env(pairs: list[str]) -> dict[str, str]:
 def _serve(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from cacheon.runtime.confined import Ports, ServeRequest, ServeLimits, served
+    from cacheon.runtime.confined import Ports, ServeLimits, ServeRequest, served
     from cacheon.verify.plan import Confinement
     from cacheon.verify.sandbox import require_bubblewrap
 

@@ -290,8 +290,8 @@ class ConfinedServer:
         if not self.confined:
             os.makedirs(tmp, mode=0o700)
         env = {k: v for k, v in os.environ.items() if k in ENV_KEEP or k.startswith("NVIDIA_")}
-        env.update({"PATH": f"{os.path.realpath(self.request.python.parent)}:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": tmp,
-                    "TMPDIR": tmp, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+        env.update({"PATH": f"{os.path.realpath(self.request.python.parent)}:/usr/bin:/bin", "LANG": "C.UTF-8",
+                    "HOME": tmp, "TMPDIR": tmp, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
                     "TRITON_CACHE_DIR": f"{tmp}/.triton", "TORCH_EXTENSIONS_DIR": f"{tmp}/torch_extensions",
                     "GLOO_SOCKET_IFNAME": "lo"})
         if self.confined:

@@ -3,7 +3,8 @@
 Scan refuses this file; tests/engines/test_confined_serving.py arms it through the test-only hook
 (cacheon.runtime.activation.TEST_ONLY_UNSCANNED_ENV) to show what the sandbox around a confined
 server stops, and runs ``attack()`` unconfined to show each attack works without it. Targets come
-from ``HOSTILE_*`` variables (path lists separated by ``os.pathsep``); the outcome of each attack goes to ``$HOSTILE_REPORT`` (JSON).
+from ``HOSTILE_*`` variables (path lists separated by ``os.pathsep``); the outcome of each attack goes to ``$HOSTILE_REPORT``
+(JSON; by default ``hostile.json`` beside the receipts, where a server's kernel may write).
 """
 
 import json
@@ -74,7 +75,8 @@ def attack():
     actions += [("connect", _connect), ("linger", _linger), ("memory", _memory)]
     for name, action in actions:
         _try(name, report, action)
-    with open(os.environ["HOSTILE_REPORT"], "w") as fh:
+    report_path = os.environ.get("HOSTILE_REPORT") or os.path.join(os.environ["CACHEON_RECEIPT_DIR"], "hostile.json")
+    with open(report_path, "w") as fh:
         json.dump(report, fh)
     return report
 
