@@ -294,8 +294,8 @@ class ConfinedServer:
                     "HOME": tmp, "TMPDIR": tmp, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
                     "TRITON_CACHE_DIR": f"{tmp}/.triton", "TORCH_EXTENSIONS_DIR": f"{tmp}/torch_extensions",
                     "GLOO_SOCKET_IFNAME": "lo"})
-        if self.confined:
-            env["PYTHONPATH"] = LIB_MOUNT
+        # the cacheon that admitted the bundle arms it, not whatever the server venv has installed
+        env["PYTHONPATH"] = LIB_MOUNT if self.confined else os.path.dirname(Mounts.of_this_interpreter().package)
         env.update(self.request.env)
         if self.request.bundle is not None and self.digest is not None:
             env.update({BUNDLE_ENV: BUNDLE_MOUNT if self.confined else str(bundle_dir), DIGEST_ENV: self.digest,
