@@ -3,7 +3,8 @@
 tests/engines/hostile/ is a faithful ``silu_and_mul`` whose first call attacks its host: it writes a
 host file (and one into the read-only server venv), reads a secret file and this repository's
 evidence ledger, connects to a loopback server outside, leaves a process behind in a session of its
-own, and reserves more memory than the sandbox allows. ``scan`` refuses it, so it is armed through
+own, reserves more memory than the sandbox allows, and (confined only) links over the relay sockets
+that carry its ports to the host. ``scan`` refuses it, so it is armed through
 the test-only hook (``ServeRequest.test_only_admit_unscanned``). ONE confined server runs every
 attack (a start costs 25-50 s here); each must fail while the server keeps answering. The
 unconfined control runs the same kernel's ``attack()`` as a plain process of this host (no second
@@ -84,7 +85,7 @@ def host(tmp_path_factory):
 def hostile(engine_pool, host, tmp_path_factory):
     venv_file = venv_python(PIN).parent.parent / "cacheon-hostile-write"
     writes = [host.root / "written-from-the-sandbox", venv_file]
-    env = host.env(writes)
+    env = {**host.env(writes), "HOSTILE_HIJACK": "1"}
     engine = confined.start(engine_pool, EngineSpec(PIN, 1, "llama", HOSTILE),
                             tmp_path_factory.mktemp("confined-hostile"), env=env, test_only_admit_unscanned=True)
     try:
@@ -109,6 +110,7 @@ def test_every_attack_fails_in_the_sandbox_and_the_server_keeps_answering(hostil
         assert not report[f"read {path}"]["ok"], report
     assert not report["connect"]["ok"] and host.connections == [], report
     assert not report["memory"]["ok"], report
+    assert not report["hijack"]["ok"], report  # the relay sockets are not in the sandbox's reach
     assert len(first["output_ids"]) == 8
     again = engine.generate(IDS, 8)
     assert again["output_ids"] == first["output_ids"]  # and still greedy-deterministic

@@ -12,10 +12,11 @@ watchdog here sums the resident memory of every process in the sandbox's PID nam
 the sandbox past ``memory_bytes`` (this host has no writable cgroup v2).
 
 Network: the sandbox has only loopback. Its HTTP port and the KV publisher's two ports (events,
-replay) are published through relays (:mod:`cacheon.runtime.relay`) that meet at Unix sockets in
-one directory bound read-write from the host (``/cacheon/run``, also where receipts are written),
-on the same port numbers inside and out, because the server reports its KV endpoints in
-``/server_info`` and a gateway dials them. Nothing else is reachable from inside.
+replay) are published through relays (:mod:`cacheon.runtime.relay`) that meet at Unix sockets the
+host makes in a directory the sandbox never sees (it inherits the listening descriptors), on the
+same port numbers inside and out, because the server reports its KV endpoints in ``/server_info``
+and a gateway dials them. Nothing else is reachable from inside. One host directory is writable
+from inside: ``/cacheon/run``, where the receipts go.
 
 ``Confinement.NONE`` runs the same server as a plain child process: only by explicit request, and
 every description of it says so.
@@ -56,6 +57,10 @@ MODEL_MOUNT = "/cacheon/model"
 RUN_MOUNT = "/cacheon/run"
 #: flags this module sets itself (where the server listens, what it loads, where it publishes)
 MANAGED_FLAGS = ("--host", "--port", "--model-path", "--kv-events-config")
+#: environment serve sets itself: the arming (bundle, digest, receipts, the test-only hook) and which
+#: cacheon arms it; an ``--env`` naming one would arm something other than what was admitted
+MANAGED_ENV_PREFIX = "CACHEON_"
+MANAGED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONSAFEPATH")
 KV_TOPIC = "kv"
 TOPOLOGY = ("/sys/devices/system/cpu", "/sys/devices/system/node")
 
@@ -165,6 +170,10 @@ class ConfinedServer:
         for flag in request.server_args:
             if flag.split("=", 1)[0] in MANAGED_FLAGS:
                 raise ServeError(f"{flag.split('=', 1)[0]} is set by cacheon serve itself; leave it out")
+        managed = sorted(k for k in request.env if k.startswith(MANAGED_ENV_PREFIX) or k in MANAGED_ENV)
+        if managed:
+            raise ServeError(f"{managed[0]} is set by cacheon serve itself (the arming, the cacheon that arms); "
+                             "leave it out")
         if not request.model.is_dir():
             raise ServeError(f"{request.model}: no such model directory")
         self.request = request
@@ -215,7 +224,7 @@ class ConfinedServer:
             "uid": SANDBOX_UID,
             "capabilities": "none",
             "read_only": ["server venv and its interpreter", "cacheon package", "model", "bundle copy"],
-            "writable": ["/tmp (tmpfs)", "/dev/shm (tmpfs)", f"{RUN_MOUNT} (sockets, receipts)"],
+            "writable": ["/tmp (tmpfs)", "/dev/shm (tmpfs)", f"{RUN_MOUNT} (receipts)"],
             "network": {"inside": "loopback only", "published": self.request.ports.all()},
             "limits": {"memory_bytes_aggregate": limits.memory_bytes, "address_space_bytes": limits.address_space_bytes,
                        "processes": limits.processes, "file_bytes": limits.file_bytes,
@@ -249,17 +258,25 @@ class ConfinedServer:
             for path in (self.run_dir, self.receipt_dir):
                 os.chown(path, SANDBOX_UID, SANDBOX_UID)
         limits = request.limits
-        plan = InitPlan(server, RUN_MOUNT, request.ports.all(),
+        sockets = self.root / "relay"  # never bound into the sandbox: it gets the listening descriptors only
+        sockets.mkdir(mode=0o700)
+        listening = [relay.listen_unix(relay.socket_path(sockets, p)) for p in request.ports.all()]
+        fds = [s.fileno() for s in listening]
+        plan = InitPlan(server, request.ports.all(), fds,
                         InitLimits(limits.address_space_bytes, limits.processes, limits.file_bytes, limits.open_files),
                         SANDBOX_UID if os.geteuid() == 0 else None)
         command = [python, "-B", "-m", "cacheon.runtime.confined_init", msgspec.json.encode(plan).decode()]
         extra = ["--ro-bind", str(request.model.resolve()), MODEL_MOUNT, "--bind", str(self.run_dir), RUN_MOUNT,
                  "--perms", "1777", "--size", str(limits.tmpfs_bytes), "--tmpfs", "/dev/shm", *cpu_topology_binds()]
-        self.launch = Launch.start(server_mounts(request.python), str(bundle_dir), request.device, limits.tmpfs_bytes,
-                                   command, env, (), self.log_path, extra)
+        try:
+            self.launch = Launch.start(server_mounts(request.python), str(bundle_dir), request.device,
+                                       limits.tmpfs_bytes, command, env, fds, self.log_path, extra)
+        finally:
+            for sock in listening:  # the sandbox holds them now
+                sock.close()
         self.process = self.launch.process
         self._relays = relay.RelayThread(
-            lambda: [relay.tcp_to_unix(p, relay.socket_path(self.run_dir, p)) for p in request.ports.all()]
+            lambda: [relay.tcp_to_unix(p, relay.socket_path(sockets, p)) for p in request.ports.all()]
         )
         threading.Thread(target=self._watchdog, name="cacheon-serve-watchdog", daemon=True).start()
         return self

@@ -4,14 +4,15 @@
 inside bubblewrap. As root of the sandbox's user namespace (when the host side runs as root) it
 drops to the unprivileged uid first, which clears every capability; then it sets the resource
 limits (inherited by the server and everything it starts, the armed kernel included), starts one
-Unix-socket → loopback relay per published port and runs the server as its child until it exits
-or this process is told to stop.
+relay per published port (from the listening Unix socket the host handed in, to loopback) and
+runs the server as its child until it exits or this process is told to stop.
 """
 
 from __future__ import annotations
 
 import resource
 import signal
+import socket
 import subprocess
 import sys
 from types import FrameType
@@ -31,8 +32,8 @@ class InitLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class InitPlan(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     command: list[str]
-    run_dir: str
     ports: list[int]
+    listen_fds: list[int]  # per port, a listening Unix socket the host made (its path is not in here)
     limits: InitLimits
     drop_uid: int | None = None
 
@@ -57,8 +58,9 @@ def main(argv: list[str]) -> int:
         drop_to(plan.drop_uid, plan.drop_uid)
     apply(plan.limits)
     print(f"cacheon confined_init: capabilities {effective_capabilities()}", flush=True)
-    relays = relay.RelayThread(lambda: [relay.unix_to_tcp(relay.socket_path(plan.run_dir, p), p) for p in plan.ports])
-    server = subprocess.Popen(plan.command, start_new_session=True)
+    listening = [socket.socket(fileno=fd) for fd in plan.listen_fds]
+    relays = relay.RelayThread(lambda: [relay.unix_to_tcp(s, p) for s, p in zip(listening, plan.ports, strict=True)])
+    server = subprocess.Popen(plan.command, start_new_session=True)  # close_fds: the server never holds them
 
     def stop(signum: int, frame: FrameType | None) -> None:
         server.terminate()

@@ -1,17 +1,20 @@
 """Byte relays between TCP on 127.0.0.1 and Unix sockets: how a confined server's ports reach the host.
 
 The confined server has a network namespace of its own (loopback only). Each published port is
-two relays meeting at a Unix socket in a directory both sides see: inside the sandbox
-``unix_to_tcp`` accepts on ``<dir>/<port>.sock`` and dials the server's ``127.0.0.1:<port>``; on
-the host ``tcp_to_unix`` listens on ``127.0.0.1:<port>`` and dials that socket. Nothing else
-crosses: the host side dials only the socket names it was given, and the inside side has no route
-out. The relay is protocol-blind, so HTTP and ZMQ (the KV publisher, its replay endpoint) pass alike.
+two relays meeting at a Unix socket the host makes in a directory only it sees: the sandbox
+inherits the listening descriptor, and ``unix_to_tcp`` accepts on it and dials the server's
+``127.0.0.1:<port>``; on the host ``tcp_to_unix`` listens on ``127.0.0.1:<port>`` and dials that
+socket's path. The sandbox cannot rename, replace or link over that path (a writable socket
+directory would let it point the host's clients at any socket of the host). Nothing else crosses:
+a listening socket only accepts, and the inside has no route out. The relay is protocol-blind,
+so HTTP and ZMQ (the KV publisher, its replay endpoint) pass alike.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -61,11 +64,19 @@ async def tcp_to_unix(port: int, sock: Path) -> asyncio.Server:
     )
 
 
-async def unix_to_tcp(sock: Path, port: int) -> asyncio.Server:
-    """The sandbox side: ``sock`` → 127.0.0.1:``port``."""
+async def unix_to_tcp(listening: socket.socket, port: int) -> asyncio.Server:
+    """The sandbox side: a listening Unix socket the host made and handed in → 127.0.0.1:``port``."""
     return await asyncio.start_unix_server(
-        lambda r, w: _splice(r, w, lambda: asyncio.open_connection("127.0.0.1", port)), str(sock)
+        lambda r, w: _splice(r, w, lambda: asyncio.open_connection("127.0.0.1", port)), sock=listening
     )
+
+
+def listen_unix(path: Path) -> socket.socket:
+    """A listening Unix socket at ``path`` (the host side makes it; the sandbox gets only the descriptor)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.listen(128)
+    return sock
 
 
 class RelayThread:
@@ -87,6 +98,10 @@ class RelayThread:
         async def stop() -> None:
             for server in self._servers:
                 server.close()
+            pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in pending:  # connections still open: end them here, not at interpreter exit
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
         if self._loop.is_running():
             asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=10)

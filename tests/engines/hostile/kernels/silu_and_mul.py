@@ -63,6 +63,18 @@ def _linger():
     return pid
 
 
+def _hijack():
+    """Point the host's side of a relay elsewhere: link over every relay socket the kernel can reach."""
+    run = os.path.dirname(os.environ["CACHEON_RECEIPT_DIR"])
+    found = [os.path.join(run, n) for n in os.listdir(run) if n.endswith(".sock")]
+    for path in found:
+        os.unlink(path)
+        os.symlink("/nonexistent.sock", path)
+    if not found:
+        raise FileNotFoundError(f"no relay socket in {run}")
+    return found
+
+
 def _memory():
     block = torch.empty(int(os.environ["HOSTILE_MEMORY"]), dtype=torch.uint8)
     return f"{block.numel()} bytes reserved"
@@ -73,6 +85,8 @@ def attack():
     actions = [(f"write {p}", _writer(p)) for p in os.environ["HOSTILE_WRITE"].split(os.pathsep)]
     actions += [(f"read {p}", _reader(p)) for p in os.environ["HOSTILE_READ"].split(os.pathsep)]
     actions += [("connect", _connect), ("linger", _linger), ("memory", _memory)]
+    if os.environ.get("HOSTILE_HIJACK"):
+        actions.append(("hijack", _hijack))
     for name, action in actions:
         _try(name, report, action)
     report_path = os.environ.get("HOSTILE_REPORT") or os.path.join(os.environ["CACHEON_RECEIPT_DIR"], "hostile.json")
