@@ -3,6 +3,10 @@
 # verdict against what it must be there. Collective examples need one GPU per rank (nccl); with
 # fewer GPUs they are checked on CPU (gloo) by the test suite instead and skipped here. Prints one line per bundle and a summary; exits 1 if any
 # verdict differs. Usage: scripts/gpu_check.sh [GRAPH_REPLAYS]   (env: PYTHON, OUT for JSON reports)
+# With SERVE_ENGINE (a CUDA server venv's bin/python holding the SGLang pin) and SERVE_MODEL (a model
+# directory), it also serves silu-torch confined on the GPU (`cacheon serve --device cuda`: the sandbox
+# binds /dev/nvidia* and nothing else of /dev) and checks the armed server answers greedily, as the
+# unarmed one does. Never run here: this CPU-only machine has no GPU.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -71,5 +75,31 @@ while read -r name code verdict; do
   if [ "$rc" != "$code" ] || [ "${got%% *}" != "$verdict" ]; then status=MISMATCH; bad=$((bad + 1)); fi
   printf '%-38s exit=%s want=%s/%s  %-8s %ss  %s\n' "$name" "$rc" "$code" "$verdict" "$status" "$(( $(date +%s) - start ))" "$got"
 done <<<"$EXPECT"
+# serve_check BUNDLE|-  ->  prints the greedy output ids of one prompt from a confined GPU server
+serve_check() {
+  local log="$REPORTS/serve-${1//\//_}.out" bundle=() pid line
+  [ "$1" != "-" ] && bundle=(--bundle "examples/$1")
+  "$PY" -m cacheon.cli serve --engine "$SERVE_ENGINE" --model "$SERVE_MODEL" "${bundle[@]}" --device cuda \
+    --port 39300 --kv-port 39301 --replay-port 39302 -- --dtype float32 --random-seed 0 >"$log" 2>"$log.err" &
+  pid=$!
+  for _ in $(seq 600); do line=$(head -n1 "$log" 2>/dev/null); [ -n "$line" ] && break; kill -0 $pid 2>/dev/null || break; sleep 1; done
+  "$PY" - "$line" <<'PYEOF' || echo "serve-failed"
+import json, sys, urllib.request
+info = json.loads(sys.argv[1])
+assert info["confinement"] == "bubblewrap" and info["devices"] == "/dev/nvidia*", info
+body = {"text": "The capital of France is Paris. The capital of Japan is",
+        "sampling_params": {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}}
+req = urllib.request.Request(info["url"] + "/generate", json.dumps(body).encode(), {"Content-Type": "application/json"})
+print(json.load(urllib.request.urlopen(req, timeout=300))["output_ids"])
+PYEOF
+  kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null
+}
+if [ -n "${SERVE_ENGINE:-}" ] && [ -n "${SERVE_MODEL:-}" ]; then
+  stock=$(serve_check -); armed=$(serve_check bundles/silu-torch)
+  if [ "$stock" = "$armed" ] && [ "${stock#serve-failed}" = "$stock" ]; then echo "serve (confined, cuda): faithful = stock  ok"
+  else echo "serve (confined, cuda): MISMATCH stock=$stock armed=$armed (logs in $REPORTS)"; bad=$((bad + 1)); fi
+else
+  echo "serve (confined, cuda): skipped (set SERVE_ENGINE and SERVE_MODEL)"
+fi
 echo "gpu_check: $bad mismatch(es); JSON reports in $REPORTS"
 [ "$bad" -eq 0 ]

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "slots": ("cacheon.commands.slots", "list the registered slots and their ABI"),
     "scan": ("cacheon.commands.scan", "statically admit a bundle (AST and file-tree policy)"),
     "verify": ("cacheon.commands.verify", "verify a bundle against the trusted float64 references"),
+    "serve": ("cacheon.commands.serve", "serve SGLang with a bundle armed, confined as verify confines candidates"),
     "new": ("cacheon.commands.new", "write a starter bundle for a slot (manifest and a plain torch kernel)"),
     "package": ("cacheon.commands.package", "write a deterministic .tar.gz of a bundle and print its digest"),
     "identity": ("cacheon.commands.identity", "capture this host's runtime identity and its digest"),

@@ -313,6 +313,34 @@ def tree_rss_mib(pid: int) -> float:
 SERVED_MODEL_NAME = "tiny"  # every server, whatever its release: a gateway routes one model over several
 
 
+def release_env(spec: EngineSpec) -> dict[str, str]:
+    """What the release needs in its environment to serve on this CPU."""
+    env = {"SGLANG_USE_CPU_ENGINE": "1"}
+    if release_table()[spec.release]["allocator_triton_only"] and spec.page_size > 1:
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
+def serving_flags(spec: EngineSpec) -> list[str]:
+    """Every flag but where the server listens, what it loads and where it publishes (also what
+    tests/engines/test_confined_serving.py passes to ``cacheon.serving.confined``)."""
+    return [
+        "--served-model-name", SERVED_MODEL_NAME,
+        "--device", "cpu",
+        "--attention-backend", "torch_native",
+        # dtype "auto" serves a float32 checkpoint as float16; float32 keeps a faithful fp32 kernel exact.
+        "--dtype", "float32",
+        "--page-size", str(spec.page_size),
+        "--max-total-tokens", str(MAX_TOTAL_TOKENS),
+        "--enable-cache-report",
+        "--random-seed", "0",
+        "--skip-server-warmup",
+        # An idle scheduler otherwise polls at ~75 % of a core: two live servers took most of a 2-core
+        # CI box from the rest of the suite. With it, an idle scheduler waits on its sockets (zmq poll).
+        "--sleep-on-idle",
+    ]  # fmt: skip
+
+
 def start_server(spec: EngineSpec, workdir: Path, ctx: zmq.Context, model: dict[str, Any]) -> EngineServer:
     """Launch and wait for ``/health``; a server that dies or hangs fails with its log tail."""
     facts = release_table()[spec.release]
@@ -331,30 +359,16 @@ def start_server(spec: EngineSpec, workdir: Path, ctx: zmq.Context, model: dict[
     receipts.mkdir(parents=True, exist_ok=True)
     # Each venv builds SGLang's native hash extension into its own directory: releases share the
     # extension's name, so a shared torch_extensions directory rebuilds it whenever they alternate.
-    env = {"SGLANG_USE_CPU_ENGINE": "1", "PYTHONUNBUFFERED": "1", "TORCH_EXTENSIONS_DIR": str(extensions_dir(spec.release))}
-    if facts["allocator_triton_only"] and spec.page_size > 1:
-        env["TRITON_INTERPRET"] = "1"
+    env = {**release_env(spec), "PYTHONUNBUFFERED": "1", "TORCH_EXTENSIONS_DIR": str(extensions_dir(spec.release))}
     if spec.bundle is not None:
         env.update(CACHEON_BUNDLE=str(spec.bundle), CACHEON_RECEIPT_DIR=str(receipts))
     command = [
         str(venv_python(spec.release)), "-W", "ignore", "-m", "sglang.launch_server",
         "--model-path", model["path"],
-        "--served-model-name", SERVED_MODEL_NAME,
-        "--device", "cpu",
-        "--attention-backend", "torch_native",
-        # dtype "auto" serves a float32 checkpoint as float16; float32 keeps a faithful fp32 kernel exact.
-        "--dtype", "float32",
         "--host", "127.0.0.1",
         "--port", str(port),
-        "--page-size", str(spec.page_size),
-        "--max-total-tokens", str(MAX_TOTAL_TOKENS),
-        "--enable-cache-report",
         "--kv-events-config", json.dumps(kv_config),
-        "--random-seed", "0",
-        "--skip-server-warmup",
-        # An idle scheduler otherwise polls at ~75 % of a core: two live servers took most of a 2-core
-        # CI box from the rest of the suite. With it, an idle scheduler waits on its sockets (zmq poll).
-        "--sleep-on-idle",
+        *serving_flags(spec),
     ]  # fmt: skip
     log_path = workdir / "server.log"
     started = time.monotonic()

@@ -92,9 +92,11 @@ def bwrap_argv(
     info_fd: int,
     block_fd: int | None = None,
     nvidia_nodes: Sequence[str] = (),
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """The bubblewrap command line up to (not including) the command. As root, bubblewrap blocks
-    on ``block_fd`` until the verifier has written the id maps of the child named on ``info_fd``."""
+    on ``block_fd`` until the verifier has written the id maps of the child named on ``info_fd``.
+    ``extra`` (bubblewrap options, e.g. more binds under ``/cacheon``) goes after the device nodes."""
     argv = [bwrap_binary(), "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session",
             "--info-fd", str(info_fd)]
     if as_root:
@@ -123,6 +125,7 @@ def bwrap_argv(
     argv += ["--proc", "/proc", "--dev", "/dev"]
     for node in nvidia_nodes:
         argv += ["--dev-bind", node, node]
+    argv += list(extra)
     argv += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", WORKDIR, "--chdir", WORKDIR]
     return argv
 
@@ -195,13 +198,15 @@ class Launch:
         env: dict[str, str],
         pass_fds: Sequence[int],
         log: Path,
+        extra: Sequence[str] = (),
     ) -> Launch:
-        """Start ``command`` in a new sandbox, its stdout and stderr (and bubblewrap's) to ``log``."""
+        """Start ``command`` in a new sandbox, its stdout and stderr (and bubblewrap's) to ``log``;
+        ``extra`` as :func:`bwrap_argv` takes it."""
         as_root = os.geteuid() == 0
         info_r, info_w = os.pipe()
         block_r, block_w = os.pipe() if as_root else (None, None)
         nodes = nvidia_device_nodes() if device == "cuda" else []
-        argv = bwrap_argv(mounts, bundle_copy, device, tmpfs_bytes, as_root, info_w, block_r, nodes)
+        argv = bwrap_argv(mounts, bundle_copy, device, tmpfs_bytes, as_root, info_w, block_r, nodes, extra)
         sync = (info_w,) if block_r is None else (info_w, block_r)
         try:
             with log.open("ab") as out:
