@@ -4,8 +4,8 @@ rlimits are per process: 32 GiB of address space times 256 processes is far more
 and memory that is no process's address space (a memfd, a tmpfs file) escapes them. So the whole
 tree gets one bound: a cgroup v2 (``memory.max``, ``memory.swap.max`` = 0, ``pids.max``,
 ``memory.oom.group``) where the host lets the verifier make one, else a supervisor thread in the
-parent that sums the tree's resident memory and its memfds every ``POLL_SECONDS`` and kills the
-tree past the bound (it can overshoot by what the tree allocates in one interval; the process
+parent that sums the tree's resident memory (PSS) and its memfds every ``POLL_SECONDS`` and kills
+the tree past the bound (it can overshoot by what the tree allocates in one interval; the process
 count is then bounded by the sandbox uid's RLIMIT_NPROC, which counts the whole tree).
 
 The census is by descent from the sandbox's init (the cgroup's members where one is in force), so a
@@ -69,13 +69,14 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def tree_memory(pids: list[int]) -> int:
-    """Resident bytes of ``pids`` plus the bytes of every memfd they hold open (counted once)."""
+def tree_memory(pids: list[int], proportional: bool = False) -> int:
+    """Resident bytes of ``pids`` plus the bytes of every memfd they hold open (counted once).
+    Resident is RSS (cheap; pages shared between the processes count once per process) or, with
+    ``proportional``, PSS (each shared page split between its sharers; ~ms per process to read)."""
     total, seen = 0, set()
     for pid in pids:
         with contextlib.suppress(OSError, ValueError, IndexError):
-            with open(f"/proc/{pid}/statm", "rb") as fh:
-                total += int(fh.read().split()[1]) * _PAGE
+            total += _pss(pid) if proportional else _rss(pid)
         with contextlib.suppress(OSError):
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):
@@ -85,6 +86,19 @@ def tree_memory(pids: list[int]) -> int:
                             seen.add((st.st_dev, st.st_ino))
                             total += st.st_blocks * 512
     return total
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/statm", "rb") as fh:
+        return int(fh.read().split()[1]) * _PAGE
+
+
+def _pss(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"Pss:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def _mib(n: int) -> str:
@@ -120,7 +134,10 @@ class Supervisor:
 
     def _watch(self) -> None:
         while not self._stop.wait(POLL_SECONDS):
-            used = tree_memory(self.members())
+            pids = self.members()
+            used = tree_memory(pids)
+            if used > self.limits.memory_bytes:  # RSS >= PSS: only then is the precise sum worth its cost
+                used = tree_memory(pids, proportional=True)
             if used > self.limits.memory_bytes:
                 self._breach = (f"the sandbox's processes held {_mib(used)} together, past the aggregate bound of "
                                 f"{_mib(self.limits.memory_bytes)}; the sandbox was killed")
@@ -131,7 +148,7 @@ class Supervisor:
         return self._breach
 
     def describe(self) -> str:
-        return (f"supervisor: resident memory + memfds of the whole tree <= {_mib(self.limits.memory_bytes)}, "
+        return (f"supervisor: proportional resident memory + memfds of the whole tree <= {_mib(self.limits.memory_bytes)}, "
                 f"polled every {POLL_SECONDS:g}s; processes by the sandbox uid's RLIMIT_NPROC"
                 + (f" (no cgroup: {self.why})" if self.why else ""))
 
