@@ -106,7 +106,7 @@ def describe(device: str) -> str:
 
 def _export(names: list[str]) -> None:  # pragma: no cover - runs under the system python3
     """Write the BPF for the native architecture (the only one a filter admits) to stdout."""
-    import seccomp  # the Debian binding; only this interpreter has it
+    import seccomp  # type: ignore[import-not-found]  # the Debian binding; only this interpreter has it
 
     eperm = seccomp.ERRNO(errno.EPERM)
     rules = seccomp.SyscallFilter(seccomp.ALLOW)

@@ -148,7 +148,7 @@ class Supervisor:
         return self._breach
 
     def describe(self) -> str:
-        return (f"supervisor: proportional resident memory + memfds of the whole tree <= {_mib(self.limits.memory_bytes)}, "
+        return (f"supervisor: resident memory (PSS) + memfds of the whole tree <= {_mib(self.limits.memory_bytes)}, "
                 f"polled every {POLL_SECONDS:g}s; processes by the sandbox uid's RLIMIT_NPROC"
                 + (f" (no cgroup: {self.why})" if self.why else ""))
 
@@ -197,7 +197,7 @@ class Cgroup:
         self.limits = limits
         mount = _cgroup2_mount()
         node = (mount / _own_cgroup().lstrip("/")).resolve()
-        while not _CONTROLLERS <= set(_read(node / "cgroup.subtree_control").split()):
+        while not set(_read(node / "cgroup.subtree_control").split()) >= _CONTROLLERS:
             if node == mount or mount not in node.parents:
                 raise CgroupUnavailable(f"no cgroup above this process delegates memory and pids (under {mount})")
             node = node.parent
