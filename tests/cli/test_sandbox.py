@@ -378,6 +378,36 @@ def test_memfds_count_against_the_bound(tmp_path, monkeypatch):
     assert control.verdict == "NUMERICAL_PASS" and "HELD 640 MiB" in control.ops[0].candidate_output
 
 
+def test_socket_buffers_count_against_the_bound(tmp_path, monkeypatch):
+    """Data queued in unix sockets is kernel memory, no process's: four processes hold ~90 MiB
+    each that way (with torch's pages shared, their PSS is far under the bound)."""
+    escape = """
+        import socket, time
+        children = []
+        for _ in range(4):
+            pid = os.fork()
+            if pid == 0:
+                pairs = [socket.socketpair() for _ in range(400)]
+                for a, _ in pairs:
+                    a.setblocking(False)
+                    try:
+                        while True:
+                            a.send(bytes(65536))
+                    except BlockingIOError:
+                        pass
+                time.sleep(3)
+                os._exit(0)
+            children.append(pid)
+        for pid in children:
+            os.waitpid(pid, 0)
+        print("QUEUED", flush=True)
+    """
+    failed_cleanly(run(tmp_path, "sockets", escape, CONFINED, SMALL), "past the aggregate bound of 512 MiB")
+    guarded(monkeypatch, aggregate=False)  # negative control
+    control = run(tmp_path, "sockets", escape, CONFINED, SMALL)
+    assert control.verdict == "NUMERICAL_PASS" and "QUEUED" in control.ops[0].candidate_output
+
+
 def test_a_process_in_a_nested_pid_namespace_is_counted(tmp_path, monkeypatch):
     """With the namespace guards off, a process hides in a PID namespace of its own and outlives the
     run: the census by descent finds it; a census of the sandbox's PID namespace does not."""

@@ -4,9 +4,10 @@ rlimits are per process: 32 GiB of address space times 256 processes is far more
 and memory that is no process's address space (a memfd, a tmpfs file) escapes them. So the whole
 tree gets one bound: a cgroup v2 (``memory.max``, ``memory.swap.max`` = 0, ``pids.max``,
 ``memory.oom.group``) where the host lets the verifier make one, else a supervisor thread in the
-parent that sums the tree's resident memory (PSS) and its memfds every ``POLL_SECONDS`` and kills
-the tree past the bound (it can overshoot by what the tree allocates in one interval; the process
-count is then bounded by the sandbox uid's RLIMIT_NPROC, which counts the whole tree).
+parent that sums, every ``POLL_SECONDS``, the tree's resident memory (PSS), its memfds and the
+most its sockets and pipes can buffer, and kills the tree past the bound. The supervisor can
+overshoot by what the tree allocates in one interval; the process count is then bounded by the
+sandbox uid's RLIMIT_NPROC, which counts the whole tree.
 
 The census is by descent from the sandbox's init (the cgroup's members where one is in force), so a
 process in a nested PID namespace or re-parented inside the sandbox is still counted.
@@ -26,6 +27,21 @@ from typing import Protocol
 
 POLL_SECONDS = 0.1
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _sysctl(name: str, default: int) -> int:
+    try:
+        with open(f"/proc/sys/{name}", encoding="ascii") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
+#: what one socket's queued data can hold at most (the kernel doubles a SO_SNDBUF up to wmem_max);
+#: unix sockets have no host-wide cap (TCP's is net.ipv4.tcp_mem), so the supervisor charges this
+SOCKET_BYTES = 2 * _sysctl("net/core/wmem_max", 212992)
+#: what one pipe can hold at most (F_SETPIPE_SZ up to pipe-max-size without privilege)
+PIPE_BYTES = _sysctl("fs/pipe-max-size", 1 << 20)
 _CONTROLLERS = {"memory", "pids"}
 
 
@@ -70,8 +86,9 @@ def descendants(root: int) -> list[int]:
 
 
 def tree_memory(pids: list[int], proportional: bool = False) -> int:
-    """Resident bytes of ``pids`` plus the bytes of every memfd they hold open (counted once).
-    Resident is RSS (cheap; pages shared between the processes count once per process) or, with
+    """Resident bytes of ``pids`` plus what their open files hold outside any address space: a
+    memfd its size, a socket or a pipe the most its buffers can (each counted once). Resident is
+    RSS (cheap; a page shared between the processes counts once per process) or, with
     ``proportional``, PSS (each shared page split between its sharers; ~ms per process to read)."""
     total, seen = 0, set()
     for pid in pids:
@@ -80,11 +97,17 @@ def tree_memory(pids: list[int], proportional: bool = False) -> int:
         with contextlib.suppress(OSError):
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/memfd:"):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("/memfd:"):
                         st = os.stat(f"/proc/{pid}/fd/{fd}")
-                        if (st.st_dev, st.st_ino) not in seen:
-                            seen.add((st.st_dev, st.st_ino))
-                            total += st.st_blocks * 512
+                        key, size = f"memfd:{st.st_dev}:{st.st_ino}", st.st_blocks * 512
+                    elif link.startswith(("socket:", "pipe:")):
+                        key, size = link, SOCKET_BYTES if link.startswith("socket:") else PIPE_BYTES
+                    else:
+                        continue
+                    if key not in seen:
+                        seen.add(key)
+                        total += size
     return total
 
 
@@ -148,7 +171,8 @@ class Supervisor:
         return self._breach
 
     def describe(self) -> str:
-        return (f"supervisor: resident memory (PSS) + memfds of the whole tree <= {_mib(self.limits.memory_bytes)}, "
+        return (f"supervisor: resident memory (PSS) + memfds + socket/pipe buffers (at most) of the whole tree <= "
+                f"{_mib(self.limits.memory_bytes)}, "
                 f"polled every {POLL_SECONDS:g}s; processes by the sandbox uid's RLIMIT_NPROC"
                 + (f" (no cgroup: {self.why})" if self.why else ""))
 
