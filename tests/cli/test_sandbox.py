@@ -357,17 +357,22 @@ def test_memory_is_bounded_across_the_whole_tree(tmp_path, monkeypatch):
     assert control.verdict == "NUMERICAL_PASS" and "HELD 640 MiB" in control.ops[0].candidate_output
 
 
-def test_memfds_count_against_the_bound(tmp_path, monkeypatch):
-    """Memory no process maps (memfds written, never mapped), where the filter allows memfd_create
-    (CUDA): the bound counts it. Each memfd stays under the file-size rlimit."""
-    escape = """
-        import time
+@pytest.mark.parametrize("keep", ["held.append(fd)", "held.append(libc.mmap(None, 4096, 1, 1, fd, 0)); os.close(fd)"],
+                         ids=["open", "mapped-and-closed"])
+def test_memfds_count_against_the_bound(tmp_path, monkeypatch, keep):
+    """Memory no process has resident (memfds written, never touched through a mapping), where the
+    filter allows memfd_create (CUDA): the bound counts it, open or kept only by a one-page mapping
+    after its fd is closed. Each memfd stays under the file-size rlimit."""
+    escape = f"""
+        import ctypes, time
+        libc = ctypes.CDLL(None)
+        libc.mmap.restype = ctypes.c_void_p  # PROT_READ, MAP_SHARED: no fd stays open (Python's mmap dups one)
         held = []
         for _ in range(4):
             fd = os.memfd_create("x")
             for _ in range(160):
                 os.write(fd, bytes(1 << 20))
-            held.append(fd)
+            {keep}
         time.sleep(1)
         print("HELD 640 MiB of memfds", flush=True)
     """

@@ -86,14 +86,16 @@ def descendants(root: int) -> list[int]:
 
 
 def tree_memory(pids: list[int], proportional: bool = False) -> int:
-    """Resident bytes of ``pids`` plus what their open files hold outside any address space: a
-    memfd its size, a socket or a pipe the most its buffers can (each counted once). Resident is
-    RSS (cheap; a page shared between the processes counts once per process) or, with
-    ``proportional``, PSS (each shared page split between its sharers; ~ms per process to read)."""
+    """Resident bytes of ``pids`` plus what their open or mapped files hold outside any address
+    space: a memfd its size (mapped or not, its fd closed or not), a socket or a pipe the most its
+    buffers can (each counted once). Resident is RSS (cheap; a page shared between the processes
+    counts once per process) or, with ``proportional``, PSS (each shared page split between its
+    sharers; ~ms per process to read)."""
     total, seen = 0, set()
     for pid in pids:
         with contextlib.suppress(OSError, ValueError, IndexError):
             total += _pss(pid) if proportional else _rss(pid)
+        total += _mapped_memfds(pid, seen)
         with contextlib.suppress(OSError):
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):
@@ -108,6 +110,21 @@ def tree_memory(pids: list[int], proportional: bool = False) -> int:
                     if key not in seen:
                         seen.add(key)
                         total += size
+    return total
+
+
+def _mapped_memfds(pid: int, seen: set[str]) -> int:
+    """The size of each memfd ``pid`` maps, once (a mapping keeps it alive after its fd is closed)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        with open(f"/proc/{pid}/maps", "rb") as fh:
+            ranges = [line.split(maxsplit=1)[0].decode() for line in fh if b" /memfd:" in line]
+        for span in ranges:
+            with contextlib.suppress(OSError):
+                st = os.stat(f"/proc/{pid}/map_files/{span}")
+                if (key := f"memfd:{st.st_dev}:{st.st_ino}") not in seen:
+                    seen.add(key)
+                    total += st.st_blocks * 512
     return total
 
 
