@@ -91,7 +91,7 @@ def tree_memory(pids: list[int], proportional: bool = False) -> int:
     buffers can (each counted once). Resident is RSS (cheap; a page shared between the processes
     counts once per process) or, with ``proportional``, PSS (each shared page split between its
     sharers; ~ms per process to read)."""
-    total, seen = 0, set()
+    total, seen = 0, set[str]()
     for pid in pids:
         with contextlib.suppress(OSError, ValueError, IndexError):
             total += _pss(pid) if proportional else _rss(pid)
