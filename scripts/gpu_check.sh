@@ -101,5 +101,50 @@ if [ -n "${SERVE_ENGINE:-}" ] && [ -n "${SERVE_MODEL:-}" ]; then
 else
   echo "serve (confined, cuda): skipped (set SERVE_ENGINE and SERVE_MODEL)"
 fi
+# The sandbox on the GPU: only /dev/nvidia* added to bubblewrap's own /dev, CUDA works under the
+# seccomp filter and the tree bound, nested user namespaces and refused syscalls still refused.
+# (A probe bundle needs os/ctypes, which the scan refuses: verify_bundle is called directly.)
+PYTHONPATH="$PWD:$PYTHONPATH" "$PY" - <<'PROBE'
+import ast, sys, tempfile, textwrap
+from pathlib import Path
+from cacheon.bundle.snapshot import read_snapshot
+from cacheon.bundle.manifest import load_manifest
+from cacheon.verify.plan import VerifyOptions
+from cacheon.verify.runner import verify_bundle
+from tests.conftest import write_bundle
+probe = textwrap.dedent("""
+    import ctypes, os, platform, torch
+    libc = ctypes.CDLL(None, use_errno=True)
+    keyctl = {"x86_64": 250, "aarch64": 219}[platform.machine()]
+    assert torch.cuda.is_available() and torch.ones(4, device="cuda").sum().item() == 4
+    refused = {"unshare": libc.unshare(0x10000000), "keyctl": libc.syscall(keyctl, 0, -2, 1)}
+    print("DEV", sorted(os.listdir("/dev")), "REFUSED", refused, flush=True)
+
+
+    def silu_and_mul(x, out):
+        d = x.shape[-1] // 2
+        out.copy_(torch.nn.functional.silu(x[..., :d].float()) * x[..., d:].float())
+""")
+root = write_bundle(Path(tempfile.mkdtemp()), "activation.silu_and_mul", "silu_and_mul", probe)
+report = verify_bundle(snapshot := read_snapshot(root), load_manifest(snapshot),
+                       VerifyOptions(device="cuda", dtypes=("float32",), stability_calls=10))
+op = report.ops[0]
+line = next((l for l in op.candidate_output.splitlines() if l.startswith("DEV ")), "")
+dev = ast.literal_eval(line.split(" REFUSED ")[0][4:]) if line else None
+base = {"console", "core", "fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout",
+        "tty", "urandom", "zero"}
+problems = []
+if report.verdict not in ("PASS", "NUMERICAL_PASS"):
+    problems.append(f"verdict {report.verdict}: {report.reason}")
+if dev is None or any(n not in base and not n.startswith("nvidia") for n in dev):
+    problems.append(f"/dev in the sandbox: {dev}")
+if "REFUSED {'unshare': -1, 'keyctl': -1}" not in line:
+    problems.append(f"not refused: {line}")
+for key in ("nested_userns", "seccomp", "aggregate_bound"):
+    print(f"sandbox {key}: {op.confinement.get(key)}")
+print("sandbox on cuda:", "; ".join(problems) or "ok", f"(/dev: {dev})")
+sys.exit(1 if problems else 0)
+PROBE
+[ $? -eq 0 ] || bad=$((bad + 1))
 echo "gpu_check: $bad mismatch(es); JSON reports in $REPORTS"
 [ "$bad" -eq 0 ]

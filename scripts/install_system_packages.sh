@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The system packages Cacheon's real tiers need, installed only where missing (apt; sudo only when not root):
-#   bubblewrap                  the sandbox `cacheon verify` runs candidate code in (it must create namespaces)
+#   bubblewrap                  the sandbox `cacheon verify` runs candidate code in (it must create namespaces;
+#                               0.8 or later, for --disable-userns/--assert-userns-disabled)
+#   python3-seccomp             libseccomp's binding, in the system python3: it compiles the sandbox's seccomp filter
+#   util-linux (nsenter)        as root, the verifier disables nested user namespaces in the sandbox with it
 #   g++, ninja-build, libssl-dev  SGLang's native block-hash extension (mem_cache/cpp_utils/hash_binding.cpp),
 #                               built inside the CPU-engine tier's server venvs for releases from 0.5.18 on
 set -euo pipefail
@@ -8,6 +11,8 @@ bwrap_works() { command -v bwrap >/dev/null 2>&1 && bwrap --unshare-all --die-wi
 
 missing=()
 bwrap_works || missing+=(bubblewrap)
+/usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1 || missing+=(python3-seccomp)
+command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
 command -v ninja >/dev/null 2>&1 || missing+=(ninja-build)
 [ -f /usr/include/openssl/sha.h ] || missing+=(libssl-dev)
@@ -27,4 +32,12 @@ if ! bwrap_works; then
     echo "install_system_packages: bwrap is installed but cannot create namespaces here (user namespaces disabled?)" >&2
     exit 1
 fi
+if ! bwrap --help 2>&1 | grep -q -- --assert-userns-disabled; then
+    echo "install_system_packages: $(bwrap --version) lacks --disable-userns/--assert-userns-disabled (0.8 or later is needed)" >&2
+    exit 1
+fi
+case "$(uname -m)" in
+    x86_64|aarch64) ;;
+    *) echo "install_system_packages: the sandbox's seccomp policy covers x86_64 and aarch64 only, not $(uname -m)" >&2; exit 1 ;;
+esac
 echo "install_system_packages: ready ($(bwrap --version), $(g++ --version | head -n1))"

@@ -23,9 +23,11 @@ import pytest
 
 from cacheon.bundle.manifest import load_manifest
 from cacheon.bundle.snapshot import read_snapshot
-from cacheon.verify.plan import Confinement, VerifyOptions
+from cacheon.verify import sandbox
+from cacheon.verify.plan import Confinement, Limits, VerifyOptions
 from cacheon.verify.report import VerifyReport
 from cacheon.verify.runner import verify_bundle
+from cacheon.verify.sandbox import Guards, Launch, processes_in
 from tests.conftest import EXAMPLES, assert_verdict, write_bundle
 
 CONFINED, UNCONFINED = Confinement.BUBBLEWRAP, Confinement.NONE
@@ -37,12 +39,57 @@ def silu_and_mul(x, out):
 """
 
 
-def run(tmp_path: Path, name: str, escape: str, confinement: Confinement) -> VerifyReport:
+def run(tmp_path: Path, name: str, escape: str, confinement: Confinement, limits: Limits | None = None) -> VerifyReport:
     """A faithful kernel whose module first tries ``escape`` at import."""
-    root = write_bundle(tmp_path / f"{name}-{confinement.value}", "activation.silu_and_mul", "silu_and_mul",
-                        "import os\nimport sys\nimport torch\n" + textwrap.dedent(escape) + KERNEL)
-    options = VerifyOptions(dtypes=("float32",), stability_calls=10, confinement=confinement, timeout=60)
+    root = write_bundle(tmp_path / f"{name}-{confinement.value}-{uuid.uuid4().hex[:6]}", "activation.silu_and_mul",
+                        "silu_and_mul", "import os\nimport sys\nimport torch\n" + textwrap.dedent(escape) + KERNEL)
+    options = VerifyOptions(dtypes=("float32",), stability_calls=10, confinement=confinement, timeout=60,
+                            limits=limits)
     return verify_bundle(snapshot := read_snapshot(root), load_manifest(snapshot), options)
+
+
+#: an aggregate bound small enough to breach cheaply: the child holds ~230 MiB once torch is imported
+SMALL = Limits(memory_bytes=512 << 20)
+#: the raw syscalls the escapes below make (Python 3.11 has no os.unshare); x86_64 and aarch64 numbers
+LIBC = """
+    import ctypes, platform
+    libc = ctypes.CDLL(None, use_errno=True)
+    NR = {"keyctl": (250, 219), "mount": (165, 40)}
+    def syscall(name, *args):
+        if libc.syscall(NR[name][platform.machine() != "x86_64"], *args) < 0:
+            raise OSError(ctypes.get_errno(), f"{name}: {os.strerror(ctypes.get_errno())}")
+    def unshare(flags):
+        if libc.unshare(flags) != 0:
+            raise OSError(ctypes.get_errno(), f"unshare: {os.strerror(ctypes.get_errno())}")
+    def forked(attack):  # a user namespace needs a single-threaded caller: torch's child is not one
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                attack()
+                message = ""
+            except OSError as exc:
+                message = str(exc)
+            os.write(w, message.encode())
+            os._exit(0)
+        os.close(w)
+        message = os.read(r, 4096).decode()
+        os.waitpid(pid, 0)
+        if message:
+            raise OSError(message)
+    def become_root_of():  # in a user namespace just made: uid 0 there is us outside
+        libc.prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE: unshare cleared it, and /proc/self went to root
+        uid, gid = os.getuid(), os.getgid()
+        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as fh:
+                fh.write(text)
+"""
+CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID = 0x10000000, 0x20000, 0x20000000
+
+
+def guarded(monkeypatch: pytest.MonkeyPatch, **off: bool) -> None:
+    """Run the sandbox with the named guards off (a negative control)."""
+    monkeypatch.setattr(sandbox, "GUARDS", Guards(**off))
 
 
 def failed_cleanly(report: VerifyReport, text: str) -> None:
@@ -247,3 +294,142 @@ def test_candidate_text_is_escaped_and_tracebacks_need_debug(cli, tmp_path):
 def test_any_base_exception_is_a_one_line_fail(cli, tmp_path, body, reason):
     root = write_bundle(tmp_path, "activation.silu_and_mul", "silu_and_mul", body)
     assert_verdict(cli("verify", str(root)), 2, "FAIL", reason)
+
+
+def test_a_nested_user_namespace_cannot_mount_a_tmpfs_of_its_own(tmp_path, monkeypatch):
+    """The found attack: a nested user namespace mounts a tmpfs past the sandbox's cap and fills it.
+    Each guard alone stops it (the filter at unshare, the disabled namespaces at ENOSPC)."""
+    escape = LIBC + f"""
+    def attack():
+        unshare({CLONE_NEWUSER | CLONE_NEWNS})
+        become_root_of()
+        os.mkdir("/tmp/nested")
+        if libc.mount(b"none", b"/tmp/nested", b"tmpfs", 0, b"size=12g") != 0:
+            raise OSError(ctypes.get_errno(), "mount refused")
+        with open("/tmp/nested/fill", "wb") as fh:
+            for _ in range(16):
+                fh.write(bytes(1 << 20))
+        print("NESTED TMPFS", os.statvfs("/tmp/nested").f_blocks * 4096 >> 30, "GiB", flush=True)
+    forked(attack)
+    """
+    failed_cleanly(run(tmp_path, "userns", escape, CONFINED), "unshare: Operation not permitted")
+    guarded(monkeypatch, seccomp=False)
+    failed_cleanly(run(tmp_path, "userns", escape, CONFINED), "unshare: No space left on device")
+    guarded(monkeypatch, seccomp=False, userns=False)  # negative control: both guards off
+    control = run(tmp_path, "userns", escape, CONFINED)
+    assert control.verdict == "NUMERICAL_PASS", control.reason
+    assert "NESTED TMPFS 12 GiB" in control.ops[0].candidate_output
+
+
+@pytest.mark.parametrize("call", ["syscall('keyctl', 0, -2, 1)", f"unshare({CLONE_NEWPID})",
+                                  "os.memfd_create('x')"])
+def test_the_filter_refuses_what_kernels_never_need(tmp_path, monkeypatch, call):
+    """keyctl (the kernel keyring), a namespace of any kind, a memfd (on CPU): EPERM. Without the
+    filter each of them works (unshare needs the nested user namespace the other guard forbids)."""
+    prelude = f"unshare({CLONE_NEWUSER}); become_root_of(); " if "unshare" in call else ""
+    escape = LIBC + f"\n    forked(lambda: {call})\n    print('ALLOWED', flush=True)\n"
+    failed_cleanly(run(tmp_path, "seccomp", escape, CONFINED), "Operation not permitted")
+    escape = LIBC + f"\n    def attack():\n        {prelude}{call}\n    forked(attack)\n    print('ALLOWED', flush=True)\n"
+    guarded(monkeypatch, seccomp=False, userns=False)  # negative control
+    control = run(tmp_path, "seccomp", escape, CONFINED)
+    assert control.verdict == "NUMERICAL_PASS" and "ALLOWED" in control.ops[0].candidate_output, control.reason
+
+
+def test_memory_is_bounded_across_the_whole_tree(tmp_path, monkeypatch):
+    """Four processes of 160 MiB each: every one under its own limits, together past the sandbox's."""
+    escape = """
+        import time
+        children = []
+        for _ in range(4):
+            pid = os.fork()
+            if pid == 0:
+                block = bytearray(160 << 20)
+                time.sleep(3)
+                os._exit(0)
+            children.append(pid)
+        for pid in children:
+            os.waitpid(pid, 0)
+        print("HELD 640 MiB", flush=True)
+    """
+    failed_cleanly(run(tmp_path, "aggregate", escape, CONFINED, SMALL), "past the aggregate bound of 512 MiB")
+    guarded(monkeypatch, aggregate=False)  # negative control
+    control = run(tmp_path, "aggregate", escape, CONFINED, SMALL)
+    assert control.verdict == "NUMERICAL_PASS" and "HELD 640 MiB" in control.ops[0].candidate_output
+
+
+@pytest.mark.parametrize("keep", ["held.append(fd)", "held.append(libc.mmap(None, 4096, 1, 1, fd, 0)); os.close(fd)"],
+                         ids=["open", "mapped-and-closed"])
+def test_memfds_count_against_the_bound(tmp_path, monkeypatch, keep):
+    """Memory no process has resident (memfds written, never touched through a mapping), where the
+    filter allows memfd_create (CUDA): the bound counts it, open or kept only by a one-page mapping
+    after its fd is closed. Each memfd stays under the file-size rlimit."""
+    escape = f"""
+        import ctypes, time
+        libc = ctypes.CDLL(None)
+        libc.mmap.restype = ctypes.c_void_p  # PROT_READ, MAP_SHARED: no fd stays open (Python's mmap dups one)
+        held = []
+        for _ in range(4):
+            fd = os.memfd_create("x")
+            for _ in range(160):
+                os.write(fd, bytes(1 << 20))
+            {keep}
+        time.sleep(1)
+        print("HELD 640 MiB of memfds", flush=True)
+    """
+    guarded(monkeypatch, seccomp=False)
+    failed_cleanly(run(tmp_path, "memfd", escape, CONFINED, SMALL), "past the aggregate bound of 512 MiB")
+    guarded(monkeypatch, seccomp=False, aggregate=False)  # negative control
+    control = run(tmp_path, "memfd", escape, CONFINED, SMALL)
+    assert control.verdict == "NUMERICAL_PASS" and "HELD 640 MiB" in control.ops[0].candidate_output
+
+
+def test_socket_buffers_count_against_the_bound(tmp_path, monkeypatch):
+    """Data queued in unix sockets is kernel memory, no process's: four processes hold ~90 MiB
+    each that way (with torch's pages shared, their PSS is far under the bound)."""
+    escape = """
+        import socket, time
+        children = []
+        for _ in range(4):
+            pid = os.fork()
+            if pid == 0:
+                pairs = [socket.socketpair() for _ in range(400)]
+                for a, _ in pairs:
+                    a.setblocking(False)
+                    try:
+                        while True:
+                            a.send(bytes(65536))
+                    except BlockingIOError:
+                        pass
+                time.sleep(3)
+                os._exit(0)
+            children.append(pid)
+        for pid in children:
+            os.waitpid(pid, 0)
+        print("QUEUED", flush=True)
+    """
+    failed_cleanly(run(tmp_path, "sockets", escape, CONFINED, SMALL), "past the aggregate bound of 512 MiB")
+    guarded(monkeypatch, aggregate=False)  # negative control
+    control = run(tmp_path, "sockets", escape, CONFINED, SMALL)
+    assert control.verdict == "NUMERICAL_PASS" and "QUEUED" in control.ops[0].candidate_output
+
+
+def test_a_process_in_a_nested_pid_namespace_is_counted(tmp_path, monkeypatch):
+    """With the namespace guards off, a process hides in a PID namespace of its own and outlives the
+    run: the census by descent finds it; a census of the sandbox's PID namespace does not."""
+    marker = f"cacheon-hidden-{uuid.uuid4().hex}"
+    escape = LIBC + f"""
+    pid = os.fork()
+    if pid == 0:
+        unshare({CLONE_NEWUSER | CLONE_NEWPID})
+        become_root_of()
+        if os.fork() == 0:
+            os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(120)", {marker!r}])
+        os._exit(0)
+    os.waitpid(pid, 0)
+    """
+    guarded(monkeypatch, seccomp=False, userns=False)
+    failed_cleanly(run(tmp_path, "hidden", escape, CONFINED), "left 1 process(es) running in the sandbox")
+    assert _processes_with(marker) == []  # killed with the sandbox
+    monkeypatch.setattr(Launch, "processes", lambda self: processes_in(self.pid_namespace))  # the old census
+    assert run(tmp_path, "hidden", escape, CONFINED).verdict == "NUMERICAL_PASS"  # negative control
+    assert _processes_with(marker) == []

@@ -10,8 +10,10 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 import cacheon
-from cacheon.verify import sandbox
+from cacheon.verify import sandbox, syscall_filter
 from cacheon.verify.sandbox import BUNDLE_MOUNT, LIB_MOUNT, SITE_MOUNT, Mounts, bwrap_argv
 
 MOUNTS = Mounts(
@@ -37,7 +39,9 @@ def test_only_the_interpreter_libraries_site_package_and_bundle_are_bound_read_o
     assert all(s.startswith(("/usr/lib", "/lib", "/opt/py", "/home/dev/proj/.venv/", MOUNTS.package, "/tmp/cacheon-"))
                for s in sources), sources
     assert not pairs(argv, "--bind") and not pairs(argv, "--dev-bind")
-    assert pairs(argv, "--tmpfs", 1) == [("/tmp",)] and argv[argv.index("--size") + 1] == str(1 << 30)
+    assert pairs(argv, "--tmpfs", 1) == [("/dev/shm",), ("/tmp",)]
+    assert pairs(argv, "--size", 1) == [(str(1 << 30),)] * 2  # every writable tmpfs is sized
+    assert pairs(argv, "--remount-ro", 1) == [("/dev",)]  # bubblewrap's /dev tmpfs has no size
     assert ("/tmp",) in pairs(argv, "--chdir", 1) and "--share-net" not in argv
 
 
@@ -79,3 +83,27 @@ def test_this_interpreter_mounts_the_package_not_the_checkout():
     checkout = Path(__file__).resolve().parents[2]
     assert str(checkout) not in mounts.prefixes and str(checkout) not in mounts.site
     assert mounts.child_paths()[0] == LIB_MOUNT
+
+
+def test_nested_user_namespaces_are_disabled_and_asserted():
+    user = bwrap_argv(MOUNTS, "/b", "cpu", 1, as_root=False, info_fd=5)
+    assert "--disable-userns" in user and "--assert-userns-disabled" in user
+    # as root bubblewrap refuses --disable-userns beside a block fd: the verifier sets the sysctl itself
+    root = bwrap_argv(MOUNTS, "/b", "cpu", 1, as_root=True, info_fd=5, block_fd=6)
+    assert "--disable-userns" not in root and "--assert-userns-disabled" in root
+    off = bwrap_argv(MOUNTS, "/b", "cpu", 1, as_root=False, info_fd=5, disable_userns=False)
+    assert "--disable-userns" not in off and "--assert-userns-disabled" not in off
+
+
+def test_the_seccomp_filter_is_passed_by_fd():
+    argv = bwrap_argv(MOUNTS, "/b", "cpu", 1, as_root=True, info_fd=5, block_fd=6, seccomp_fd=7)
+    assert pairs(argv, "--seccomp", 1) == [("7",)]
+    assert "--seccomp" not in bwrap_argv(MOUNTS, "/b", "cpu", 1, as_root=True, info_fd=5, block_fd=6)
+
+
+def test_the_filter_policy_is_per_device_and_per_architecture(monkeypatch):
+    assert "memfd_create" in syscall_filter.refused("cpu") and "memfd_create" not in syscall_filter.refused("cuda")
+    assert {"unshare", "setns", "mount", "keyctl", "bpf", "ptrace", "io_uring_setup"} <= set(syscall_filter.refused("cuda"))
+    monkeypatch.setattr(syscall_filter.platform, "machine", lambda: "riscv64")
+    with pytest.raises(syscall_filter.FilterUnavailable, match="no seccomp policy for riscv64"):
+        syscall_filter.machine_arch()

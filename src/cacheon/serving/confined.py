@@ -267,8 +267,9 @@ class ConfinedServer:
                         InitLimits(limits.address_space_bytes, limits.processes, limits.file_bytes, limits.open_files),
                         SANDBOX_UID if os.geteuid() == 0 else None)
         command = [python, "-B", "-m", "cacheon.serving.confined_init", msgspec.json.encode(plan).decode()]
+        # /dev/shm is the sandbox's own sized tmpfs (bwrap_argv), as /tmp is
         extra = ["--ro-bind", str(request.model.resolve()), MODEL_MOUNT, "--bind", str(self.run_dir), RUN_MOUNT,
-                 "--perms", "1777", "--size", str(limits.tmpfs_bytes), "--tmpfs", "/dev/shm", *cpu_topology_binds()]
+                 *cpu_topology_binds()]
         try:
             self.launch = Launch.start(server_mounts(request.python), str(bundle_dir), request.device,
                                        limits.tmpfs_bytes, command, env, fds, self.log_path, extra)

@@ -42,7 +42,8 @@ from cacheon.verify.messages import (
 )
 from cacheon.verify.output import OutputTail
 from cacheon.verify.plan import Confinement, Limits
-from cacheon.verify.sandbox import BUNDLE_MOUNT, SANDBOX_UID, WORKDIR, Launch, Mounts, processes_in
+from cacheon.verify.sandbox import BUNDLE_MOUNT, SANDBOX_UID, WORKDIR, Launch, Mounts
+from cacheon.verify.tree_bound import TreeLimits
 from cacheon.verify.untrusted import MAX_REASON, escape_controls, escaped, one_line
 
 #: how long a child may take to read the parent's Stop before it is killed anyway
@@ -138,7 +139,8 @@ class CandidateGroup:
         try:
             if confined:
                 self._launch = Launch.start(mounts, str(tmp / "bundle"), device, limits.tmpfs_bytes, command, env,
-                                            child_fds, self._output.path)
+                                            child_fds, self._output.path,
+                                            tree=TreeLimits(limits.memory_bytes, limits.processes))
                 self._process = self._launch.process
             else:
                 with self._output.path.open("ab") as out:
@@ -211,7 +213,7 @@ class CandidateGroup:
             if not isinstance(booted, Booted):
                 self.kill()
                 raise ChildFailure("protocol", f"{self._rank_prefix(rank)}expected a boot message")
-            applied = applied or dict(booted.applied)
+            applied = applied or {**booted.applied, **(self._launch.confinement if self._launch else {})}
         for rank in range(self.world):
             ready = self.receive(rank, import_timeout)
             if isinstance(ready, ImportFailed):
@@ -249,11 +251,12 @@ class CandidateGroup:
 
     def extra_processes(self) -> int | None:
         """Processes in the sandbox beyond bubblewrap's init, the child and (collectives) its
-        ranks: what the candidate started and left running. None when unconfined (not visible)."""
-        if self._launch is None or self._launch.pid_namespace is None:
+        ranks: what the candidate started and left running, nested PID namespaces included. None
+        when unconfined (not visible)."""
+        if self._launch is None or self._launch.child_pid is None:
             return None
         expected = 2 + (self.world if self.world > 1 else 0)
-        return max(0, len(processes_in(self._launch.pid_namespace)) - expected)
+        return max(0, len(self._launch.processes()) - expected)
 
     def output_tail(self) -> str:
         """The end of what the candidate printed (untrusted text, escaped, for the report only);
@@ -268,6 +271,10 @@ class CandidateGroup:
         return self._output.total
 
     def _exit_description(self) -> str:
+        breach = self._launch.breach() if self._launch is not None else None
+        if breach is not None:
+            self.kill()
+            return breach
         try:
             code = self._process.wait(5)
         except subprocess.TimeoutExpired:
@@ -284,10 +291,12 @@ class CandidateGroup:
     def kill(self) -> None:
         """End every process of the candidate: the sandbox (its PID namespace dies with it), or
         unconfined, the child's process group."""
+        if self._launch is not None:
+            self._launch.end()
+            return
         if self._process.poll() is None:
-            if self._launch is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self._process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGKILL)
             self._process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._process.wait(5)

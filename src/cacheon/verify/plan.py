@@ -50,7 +50,8 @@ class Confinement(StrEnum):
 @dataclass(frozen=True)
 class Limits:
     """Resource limits of the candidate's processes (per process, except ``processes``: the
-    number of processes and threads in the whole sandbox)."""
+    number of processes and threads in the whole sandbox, and ``memory_bytes``: the memory of the
+    whole sandbox tree together, memfds included; each tmpfs has its own ``tmpfs_bytes``)."""
 
     cpu_seconds: int = 1800
     address_space_bytes: int | None = 32 << 30  # None on CUDA, which reserves far more virtual memory
@@ -58,10 +59,12 @@ class Limits:
     open_files: int = 1024
     processes: int = 256
     tmpfs_bytes: int = 1 << 30
+    memory_bytes: int = 8 << 30
 
     @classmethod
     def for_device(cls, device: str) -> Limits:
-        return cls(address_space_bytes=None) if device == "cuda" else cls()
+        # a CUDA process holds its context and pinned buffers in host memory: a few GiB per rank
+        return cls(address_space_bytes=None, memory_bytes=32 << 30) if device == "cuda" else cls()
 
 
 @dataclass(frozen=True)
