@@ -23,9 +23,10 @@ def test_json_report_carries_verdict_cases_digest_and_environment(cli):
     assert report["bundle_digest"].startswith("sha256:")
     assert report["environment"]["torch"].startswith("2.") and report["environment"]["device"] == "cpu"
     cases = report["ops"][0]["cases"]
-    # 5 registered shapes and their jitter, two trials each; a drawn shape (two) and a serving-size one
-    assert len(cases) == 23 and all(c["dtype"] == "float32" and c["ok"] for c in cases)
-    assert [c["note"].split()[0] for c in cases[20:]] == ["drawn", "drawn", "serving"]
+    # 5 registered shapes and their jitter, two trials each; a drawn shape (two), the largest serving count,
+    # and four more of the pin's serving token counts (the smallest and three drawn)
+    assert len(cases) == 27 and all(c["dtype"] == "float32" and c["ok"] for c in cases)
+    assert [c["note"].split()[0] for c in cases[20:]] == ["drawn", "drawn", "serving", *["count"] * 4]
     assert all(c["max_abs_err"] < 1e-4 for c in cases)
 
 
