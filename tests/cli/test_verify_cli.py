@@ -27,7 +27,8 @@ def test_json_report_carries_verdict_cases_digest_and_environment(cli):
     # and four more of the pin's serving token counts (the smallest and three drawn)
     assert len(cases) == 27 and all(c["dtype"] == "float32" and c["ok"] for c in cases)
     assert [c["note"].split()[0] for c in cases[20:]] == ["drawn", "drawn", "serving", *["count"] * 4]
-    assert all(c["max_abs_err"] < 1e-4 for c in cases)
+    # float32-faithful (a scaled serving count's outputs reach ~3, so its absolute error passes atol alone)
+    assert all(c["max_abs_err"] < 1e-3 for c in cases)
 
 
 def test_verify_reads_a_packaged_archive(cli, tmp_path):

@@ -85,7 +85,10 @@ def test_bytes_cross_the_relay_both_ways(tmp_path) -> None:
                 conn.sendall(data.upper())
 
     threading.Thread(target=echo, daemon=True).start()
-    sock = relay.socket_path(tmp_path, inner)
+    long = tmp_path / ("d" * 120)  # past a Unix socket path's 108 bytes: the descriptor's name stays short
+    long.mkdir()
+    sockets = relay.SocketDirectory(long)
+    sock = sockets.path(inner)
     listening = relay.listen_unix(sock)  # made by the host; the sandbox side gets the descriptor
     inside = relay.RelayThread(lambda: [relay.unix_to_tcp(listening, inner)])
     host = relay.RelayThread(lambda: [relay.tcp_to_unix(outer, sock)])
@@ -97,3 +100,4 @@ def test_bytes_cross_the_relay_both_ways(tmp_path) -> None:
         host.close()
         inside.close()
         server.close()
+        sockets.close()

@@ -189,6 +189,7 @@ class ConfinedServer:
         self.process: subprocess.Popen[bytes] | None = None
         self.stopped_for: str | None = None  # why the watchdog stopped the sandbox
         self._relays: relay.RelayThread | None = None
+        self._sockets: relay.SocketDirectory | None = None
         self._watch = threading.Event()
 
     # -- addresses -------------------------------------------------------------------------------
@@ -259,9 +260,10 @@ class ConfinedServer:
             for path in (self.run_dir, self.receipt_dir):
                 os.chown(path, SANDBOX_UID, SANDBOX_UID)
         limits = request.limits
-        sockets = self.root / "relay"  # never bound into the sandbox: it gets the listening descriptors only
-        sockets.mkdir(mode=0o700)
-        listening = [relay.listen_unix(relay.socket_path(sockets, p)) for p in request.ports.all()]
+        socket_dir = self.root / "relay"  # never bound into the sandbox: it gets the listening descriptors only
+        socket_dir.mkdir(mode=0o700)
+        sockets = self._sockets = relay.SocketDirectory(socket_dir)
+        listening = [relay.listen_unix(sockets.path(p)) for p in request.ports.all()]
         fds = [s.fileno() for s in listening]
         plan = InitPlan(server, request.ports.all(), fds,
                         InitLimits(limits.address_space_bytes, limits.processes, limits.file_bytes, limits.open_files),
@@ -278,7 +280,7 @@ class ConfinedServer:
                 sock.close()
         self.process = self.launch.process
         self._relays = relay.RelayThread(
-            lambda: [relay.tcp_to_unix(p, relay.socket_path(sockets, p)) for p in request.ports.all()]
+            lambda: [relay.tcp_to_unix(p, sockets.path(p)) for p in request.ports.all()]
         )
         threading.Thread(target=self._watchdog, name="cacheon-serve-watchdog", daemon=True).start()
         return self
@@ -390,6 +392,9 @@ class ConfinedServer:
         if self._relays is not None:
             self._relays.close()
             self._relays = None
+        if self._sockets is not None:
+            self._sockets.close()
+            self._sockets = None
 
     def close(self) -> None:
         self.stop()

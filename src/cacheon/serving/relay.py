@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterable
@@ -22,8 +23,24 @@ from pathlib import Path
 CHUNK = 1 << 16
 
 
-def socket_path(directory: Path | str, port: int) -> Path:
-    return Path(directory) / f"{port}.sock"
+class SocketDirectory:
+    """The host's socket directory, named through a descriptor it holds open.
+
+    A Unix socket's path is bounded (108 bytes with its NUL); a work directory can be longer (pytest's
+    are). ``/proc/self/fd/<n>/<port>.sock`` is short whatever the directory's real path, and resolves
+    only in this process, for as long as the descriptor stays open.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self._fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def path(self, port: int) -> Path:
+        return Path(f"/proc/self/fd/{self._fd}/{port}.sock")
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
