@@ -48,7 +48,7 @@ run: setup
 # Two workers: most tests drive the real CLI and candidate child processes, which are CPU-bound.
 # The real-server tier (tests/engines) stays on one worker, sharing its servers (tests/conftest.py).
 test: lint engines
-	$(VENV)/bin/pytest -n 2
+	$(VENV)/bin/pytest -n 2 --durations=25  # the slowest 25 in every run: the suite has a time budget
 
 # The inner loop: everything but the tests marked slow (real servers, CLI and candidate processes).
 test-fast: setup
