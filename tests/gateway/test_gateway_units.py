@@ -14,6 +14,7 @@ from cacheon.gateway.config import WorkerSpec, load
 from cacheon.gateway.http import session
 from cacheon.gateway.policy import Approx
 from cacheon.gateway.workers import Discovery, Worker, WorkerState, discover
+from tests.gateway.snapshots import choose
 
 
 def _config(tmp_path: Path, text: str, name: str = "gw.yaml") -> Path:
@@ -83,14 +84,14 @@ def _worker(wid: str, in_flight: int = 0) -> Worker:
 def test_approx_remembers_where_prefixes_went_within_its_bound() -> None:
     policy = Approx(epsilon=0.25, min_prefix_blocks=1, min_match_ratio=0, max_entries=4, chunk=2)
     a, b = _worker("a"), _worker("b")
-    first, reason, _ = policy.choose([a, b], [1, 2, 3, 4])[:3]
+    first, reason, _ = choose(policy, [a, b], [1, 2, 3, 4])[:3]
     assert reason == "fallback_miss"
-    again = policy.choose([a, b], [1, 2, 3, 4, 5, 6])
+    again = choose(policy, [a, b], [1, 2, 3, 4, 5, 6])
     assert again[:3] == (first, "prefix_hit", 4)
-    policy.choose([a, b], [7, 8, 9, 10, 11, 12])  # 3 new nodes: the LRU bound drops the oldest
-    assert policy.choose([a, b], [1, 2])[1] == "fallback_miss"
+    choose(policy, [a, b], [7, 8, 9, 10, 11, 12])  # 3 new nodes: the LRU bound drops the oldest
+    assert choose(policy, [a, b], [1, 2])[1] == "fallback_miss"
     policy.forget(first.id)  # a removed worker's entries go with it
-    assert policy.choose([a, b], [7, 8, 9, 10])[1] == "fallback_miss"
+    assert choose(policy, [a, b], [7, 8, 9, 10])[1] == "fallback_miss"
 
 
 @pytest.mark.parametrize("prefix", ["/", "/get_"])

@@ -24,7 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cacheon.errors import UsageError
 from cacheon.gateway.config import GatewayConfig, is_loopback, split_listen, worker_spec
-from cacheon.gateway.proxy import Refusal, oai_error
+from cacheon.gateway.refusals import Refusal, oai_error
 from cacheon.gateway.service import Gateway
 
 log = logging.getLogger("cacheon.gateway")

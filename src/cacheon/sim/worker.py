@@ -273,7 +273,8 @@ def build_app(sim: SimWorker) -> Starlette:
         return Response(status_code=200)
 
     async def models(_: Request) -> Response:
-        card = {"id": s.model, "object": "model", "created": 0, "owned_by": "sglang", "root": s.model}
+        card = {"id": s.model, "object": "model", "created": 0, "owned_by": "sglang", "root": s.model,
+                "max_model_len": MAX_MODEL_LEN}
         return JSONResponse({"object": "list", "data": [card]})
 
     async def tokenize(request: Request) -> Response:
@@ -283,7 +284,7 @@ def build_app(sim: SimWorker) -> Starlette:
             ids = sim.tokenize(await body_of(request))
         except (ValueError, KeyError, UsageError) as exc:
             return _error(400, str(exc))
-        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": 1 << 20})
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": MAX_MODEL_LEN})
 
     async def generate_openai(request: Request, chat: bool) -> Response:
         if s.fault == "generate_500":
