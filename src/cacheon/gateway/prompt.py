@@ -102,11 +102,10 @@ class Prompt:
         return sum(len(m.get("content") or "") for m in self.messages or ())
 
 
-def decode(route: Route, raw: bytes, profiles: Mapping[str, TokenizerProfile],
-           discovered: Iterable[Discovery | None]) -> Prompt:
-    """The request as a ``Prompt``, or Rejected saying what is wrong with it."""
+def decode(route: Route, raw: bytes) -> Request:
+    """The body as its route's Struct, or Rejected saying what is wrong with it."""
     try:
-        request = _DECODERS[route].decode(raw)
+        return _DECODERS[route].decode(raw)
     except msgspec.ValidationError as exc:
         raise bad(_invalid(str(exc))) from None
     except msgspec.DecodeError:
@@ -114,6 +113,11 @@ def decode(route: Route, raw: bytes, profiles: Mapping[str, TokenizerProfile],
                        if raw.strip() else "the request body is empty: send a JSON object") from None
     except RecursionError:
         raise bad("the request body is nested too deeply") from None
+
+
+def prompt_of(route: Route, request: Request, raw: bytes, profiles: Mapping[str, TokenizerProfile],
+              discovered: Iterable[Discovery | None]) -> Prompt:
+    """The decoded request as a ``Prompt`` for a served model, bounded; or Rejected."""
     found = list(discovered)
     model = _model(route, request.model, profiles, found)
     if isinstance(request, Generate) and request.model is not None:

@@ -30,7 +30,7 @@ from cacheon.gateway.metrics import Metrics
 from cacheon.gateway.policy import Candidate, Decision, Policy, RouteReason
 from cacheon.gateway.precision import StreamTail
 from cacheon.gateway.prediction import Reuse
-from cacheon.gateway.prompt import Prompt, Route, decode, encode, reuse_of, within_context
+from cacheon.gateway.prompt import Prompt, Route, decode, encode, prompt_of, reuse_of, within_context
 from cacheon.gateway.recorder import CLIENT_GONE, Attempt, Outcome, Recorder, log
 from cacheon.gateway.refusals import Refusal, Rejected, clip, oai_error
 from cacheon.gateway.tracing import Tracing
@@ -113,10 +113,11 @@ class Proxy:
         except web.HTTPRequestEntityTooLarge:
             raise Rejected(Refusal.BODY_TOO_LARGE, 413, f"the request body is larger than the gateway's "
                            f"max_body_bytes ({self.cfg.max_body_bytes})") from None
-        workers = list(self.fleet.workers.values())
-        prompt = decode(outcome.route, raw, self.profiles, [w.discovery for w in workers])
-        model = prompt.request.model
-        outcome.model, outcome.stream = (clip(model) if model is not None else prompt.model), prompt.request.stream
+        decoded = decode(outcome.route, raw)
+        outcome.model = None if decoded.model is None else clip(decoded.model)  # logged: bounded
+        discovered = [w.discovery for w in self.fleet.workers.values()]
+        prompt = prompt_of(outcome.route, decoded, raw, self.profiles, discovered)
+        outcome.model, outcome.stream = outcome.model or prompt.model, decoded.stream
         tokens, reuse = await self._tokens(prompt, outcome)
         upstream = {**JSON_HEADERS, "x-request-id": outcome.request_id,
                     HOP_HEADER: f"{hops},{self.hop}" if hops else self.hop}

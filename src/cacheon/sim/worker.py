@@ -40,6 +40,7 @@ CacheFactory = Callable[[int, int], SimCache]  # page size, capacity in tokens -
 # From 0.5.22 the /server_info ``kv_events`` descriptor also names the replay ROUTER's base port
 # (runtime_context.py ``describe_kv_events_publisher``); before, only ``kv_events_config`` does.
 REPLAY_ADVERTISED_FROM = Version("0.5.22")
+MAX_MODEL_LEN = 1 << 20  # the context length reported (/v1/models, /v1/tokenize)
 
 FAULTS = ("tokenize_drift", "tokenize_500", "no_echo", "wrong_echo", "rank_lie", "geometry_lie", "version_lie",
           "wire_lie", "generate_500", "silent_flush")
