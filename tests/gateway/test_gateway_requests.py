@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
+from cacheon.gateway import logs
 from cacheon.gateway.config import WorkerSpec
 from cacheon.sim.launch import wait_until
 from cacheon.sim.tokenizer import gateway_model
@@ -258,3 +261,41 @@ def test_a_gateway_that_is_its_own_worker_refuses_the_loop(loop: LoopThread, gat
     loop.call(add_itself())
     error = error_of(post(gw, "/v1/completions", {"model": "demo", "prompt": "x"}, timeout=20), 508)
     assert error["code"] == "loop_detected"
+
+
+def test_requests_the_http_parser_refuses_get_openai_errors(gateway: Any) -> None:
+    gw = gateway({})
+    host, port = gw.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+        head, _, body = s.makefile("rb").read().partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"400" and b"content-type: application/json" in head.lower()
+    assert set(msgspec.json.decode(body)["error"]) == {"message", "type", "param", "code"}
+    r = httpx.get(f"{gw.url}/livez", headers={"x-long": "a" * 9000})  # past aiohttp's 8190-byte header line
+    assert error_of(r, 400)["message"].startswith("the request could not be read: Got more than 8190 bytes")
+    assert len(r.json()["error"]["message"]) < 400  # what the client sent is clipped
+
+
+@pytest.fixture
+def json_logs() -> Iterator[None]:
+    logs.configure("info", "json")
+    yield
+    logs.stop()
+    for name in logs.ROUTED:  # as before configure: records propagate to the root (and caplog)
+        logger = logging.getLogger(name)
+        logger.handlers[:], logger.propagate = [], True
+        logger.setLevel(logging.NOTSET)
+
+
+def test_aiohttp_tracebacks_go_through_the_json_formatter(json_logs: None) -> None:
+    server = logging.getLogger("aiohttp.server")  # where aiohttp logs a request it could not handle
+    handlers = [h for name in ("aiohttp", "asyncio") for h in logging.getLogger(name).handlers]
+    assert handlers == logging.getLogger("cacheon").handlers * 2 and not logging.getLogger("aiohttp").propagate
+    try:
+        raise ValueError("a parser's failure")
+    except ValueError:
+        record = server.makeRecord(server.name, logging.ERROR, __file__, 1, "Error handling request", (),
+                                   sys.exc_info())
+    line = msgspec.json.decode(handlers[0].format(record))
+    assert (line["logger"], line["level"]) == ("aiohttp.server", "error")
+    assert "ValueError: a parser's failure" in line["exception"]
