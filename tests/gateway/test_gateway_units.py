@@ -5,15 +5,19 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from cacheon.errors import UsageError
+from cacheon.gateway import config
 from cacheon.gateway.config import WorkerSpec, load
 from cacheon.gateway.http import session
-from cacheon.gateway.policy import Approx
+from cacheon.gateway.policy import POLICIES, Approx, make_policy
 from cacheon.gateway.workers import Discovery, Worker, WorkerState, discover
+from cacheon.kv.index import BlockIndex
+from cacheon.tokens.chains import ChainCache
 from tests.gateway.snapshots import choose
 
 
@@ -115,3 +119,11 @@ def test_discovery_reads_server_info_or_its_deprecated_alias(prefix: str) -> Non
             return await discover(client, str(server.make_url("")).rstrip("/"), 5)
 
     assert asyncio.run(run()) == Discovery("0.5.22", "demo", 16, 2, 7000, replay_port=7100)
+
+
+
+def test_every_configurable_policy_comes_from_the_registry_under_its_own_name() -> None:
+    assert set(POLICIES) == set(config.POLICIES)
+    for name in config.POLICIES:
+        cfg = msgspec.structs.replace(config.DEFAULTS, policy=name)
+        assert make_policy(cfg, BlockIndex(), ChainCache()).name == name

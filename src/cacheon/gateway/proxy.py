@@ -27,7 +27,7 @@ from cacheon.gateway.config import GatewayConfig
 from cacheon.gateway.fleet import Fleet
 from cacheon.gateway.http import JSON_HEADERS, TRANSPORT_ERRORS
 from cacheon.gateway.metrics import Metrics
-from cacheon.gateway.policy import Candidate, Decision, Policy, RouteReason
+from cacheon.gateway.policy import Decision, Policy, RouteReason, snapshot
 from cacheon.gateway.precision import StreamTail
 from cacheon.gateway.prediction import Reuse
 from cacheon.gateway.prompt import Prompt, Route, decode, encode, prompt_of, reuse_of, within_context
@@ -178,14 +178,14 @@ class Proxy:
         """The policy's choice (on a snapshot of the pool) for a first attempt; the least-loaded untried
         worker for a retry."""
         if first:
-            decision = self.policy.choose([Candidate.of(w) for w in pool], tokens, reuse)
+            decision = self.policy.choose(snapshot(pool), tokens, reuse)
             if outcome.refusal_reason is not None:
                 decision = decision._replace(refused=outcome.refusal_reason)
             self.metrics.prefix_hit_tokens.inc(decision.held)
             worker = next(w for w in pool if w.id == decision.worker.id)
         else:
             worker = min(pool, key=lambda w: w.in_flight)
-            decision = Decision(Candidate.of(worker), RouteReason.RETRY, 0)
+            decision = Decision(snapshot([worker])[0], RouteReason.RETRY, 0)
         self.recorder.child("decisions", self.policy.name, decision.reason).inc()
         return worker, decision
 
