@@ -27,7 +27,7 @@ from itertools import groupby
 from pathlib import Path
 
 from cacheon.gateway.config import DEFAULTS, WorkerSpec
-from cacheon.gateway.policy import Prefix
+from cacheon.gateway.policy import Prefix, snapshot
 from cacheon.gateway.workers import Worker
 from cacheon.sim.cache import PrefixCache
 from cacheon.sim.demo import Outcome, Served, demo
@@ -84,7 +84,7 @@ def oracle(served: Sequence[Served], tokens: list[list[int]], rule: Prefix | Non
                 best = max(allowed, key=lambda i: (held[i], -workers[i].in_flight, -load[i]))
             else:
                 needed = rule.needed(len(t) // PAGE) * PAGE
-                chosen = rule.pick(workers, {str(i): h for i, h in enumerate(held) if h},
+                chosen = rule.pick(snapshot(workers), {str(i): h for i, h in enumerate(held) if h},
                                    {str(i) for i, h in enumerate(held) if h and h >= needed})[0]
                 best = int(chosen.id)
             cached += caches[best].match(t)

@@ -24,7 +24,7 @@ from typing import Any
 
 from cacheon.gateway.config import WorkerSpec
 from cacheon.gateway.heap import freeze_startup_objects
-from cacheon.gateway.policy import Decision, Exact
+from cacheon.gateway.policy import Decision, Exact, snapshot  # snapshot: timed with the route, as the proxy pays it
 from cacheon.gateway.workers import Discovery, Worker, WorkerState
 from cacheon.kv.hashing import page_hashes
 from cacheon.kv.index import BlockIndex
@@ -101,14 +101,14 @@ def row(profile: TokenizerProfile, target: int, page: int, phases: set[str]) -> 
     def ask(r: int) -> None:
         release()
         turn[:] = [*base, message("user", "Question", r), message("assistant", "Answer", r)]
-        policy.released(policy.choose(workers, profile.encode_chat(turn[:-1])))
+        policy.released(policy.choose(snapshot(workers), profile.encode_chat(turn[:-1])))
 
     # Named, so that a profile can select one phase's timed calls (pyspy_top.py --under route_warm).
     def route_cold(r: int) -> None:
-        routed.append(policy.choose(workers, profile.encode_chat(base)))
+        routed.append(policy.choose(snapshot(workers), profile.encode_chat(base)))
 
     def route_warm(r: int) -> None:
-        routed.append(policy.choose(workers, profile.encode_chat([*turn, message("user", "Next", r)])))
+        routed.append(policy.choose(snapshot(workers), profile.encode_chat([*turn, message("user", "Next", r)])))
 
     def tokenize_alone(r: int) -> None:
         profile.tokenizer.encode(text, add_special_tokens=False)

@@ -33,7 +33,7 @@ from pathlib import Path
 from _traces import TRACES, Message
 
 from cacheon.gateway.config import WorkerSpec
-from cacheon.gateway.policy import Decision, Exact, InFlight, RouteReason
+from cacheon.gateway.policy import Decision, Exact, InFlight, RouteReason, snapshot
 from cacheon.gateway.workers import Discovery, Worker, WorkerState
 from cacheon.kv.feed import Source
 from cacheon.kv.index import BlockIndex
@@ -125,10 +125,10 @@ def run(trace_name: str, policy_name: str, seed: int, args: argparse.Namespace, 
                 i, messages = payload  # type: ignore[misc]
                 encoded = profile.encode_chat(messages)  # pieces the chain cache reuses, as in the gateway
                 tokens = list(encoded)
-                decision = policy.choose(workers, encoded)
+                decision = policy.choose(snapshot(workers), encoded)  # as the proxy asks
                 w = int(decision.worker.id[1:])
                 load[w] += 1
-                decision.worker.in_flight += 1
+                workers[w].in_flight += 1
                 cached = caches[w].match(tokens)
                 plan = schedulers[w].plan(now, len(tokens) - cached, args.max_tokens)
                 stored, removed = caches[w].insert(tokens)
@@ -148,7 +148,7 @@ def run(trace_name: str, policy_name: str, seed: int, args: argparse.Namespace, 
                 index.apply((f"w{w}", 0), ops)
             else:
                 decision, i, messages, tokens = payload  # type: ignore[misc]
-                decision.worker.in_flight -= 1
+                workers[int(decision.worker.id[1:])].in_flight -= 1
                 policy.released(decision)
                 reply = "".join(reply_words(tokens, args.max_tokens))
                 replies[i] = [*messages, {"role": "assistant", "content": reply}]

@@ -14,6 +14,7 @@ from cacheon.gateway.workers import Discovery, Worker, WorkerState
 from cacheon.kv.hashing import page_hashes
 from cacheon.kv.index import BlockIndex
 from cacheon.tokens.chains import ChainCache
+from tests.gateway.snapshots import choose
 
 TOKENS = list(range(8))
 CHAIN = page_hashes(TOKENS, 2)
@@ -44,12 +45,12 @@ def test_the_deepest_holder_wins_an_idle_pool_and_a_miss_spreads() -> None:
     index.apply(("a", 0), [("store", CHAIN[:1], None)])
     index.apply(("b", 0), [("store", CHAIN[:3], None)])
     a, b, c = _worker("a"), _worker("b"), _worker("c")
-    chosen = policy.choose([a, b, c], TOKENS)
+    chosen = choose(policy, [a, b, c], TOKENS)
     assert (chosen.worker, chosen.reason, chosen.held) == (b, "prefix_hit", 6)  # 3 pages of 2 tokens
-    fresh = [policy.choose([a, b, c], [90 + i, 91, 92, 93]) for i in range(3)]
+    fresh = [choose(policy, [a, b, c], [90 + i, 91, 92, 93]) for i in range(3)]
     assert {d.reason for d in fresh} == {"fallback_miss"} and {d.worker.id for d in fresh} == {"a", "b", "c"}
     b.state = WorkerState.FENCED
-    assert policy.choose([b], TOKENS).reason == "fallback_not_ready"
+    assert choose(policy, [b], TOKENS).reason == "fallback_not_ready"
 
 
 def test_a_full_worker_loses_once_its_slot_wait_costs_more_than_the_prefill_it_saves() -> None:
@@ -62,19 +63,19 @@ def test_a_full_worker_loses_once_its_slot_wait_costs_more_than_the_prefill_it_s
     a, b, c = (_worker(w, max_running=1) for w in "abc")
     b.in_flight = 1  # position 1 past its slot: 8 tokens of wait + 2 of decode + 2 uncached = 12
     # a: 6 uncached + 2 x the 4 tokens of b's private prefix it would prefill again = 14; c: 8 + 2 x 6 = 20
-    assert policy.choose([a, b, c], TOKENS)[:3] == (b, "prefix_hit", 6)
+    assert choose(policy, [a, b, c], TOKENS)[:3] == (b, "prefix_hit", 6)
     b.in_flight = 2  # 16 + 2 + 2 = 20 > 14
-    assert policy.choose([a, b, c], TOKENS)[:3] == (a, "fallback_overload", 2)
+    assert choose(policy, [a, b, c], TOKENS)[:3] == (a, "fallback_overload", 2)
 
 
 def test_queued_prefill_counts_until_the_workers_kv_events_show_it() -> None:
     policy, index, _ = _exact(private_weight=1.0)
     a, b = _worker("a"), _worker("b")
-    first = policy.choose([a, b], TOKENS)  # turn 0: an idle tie goes to a; 8 tokens to prefill there
+    first = choose(policy, [a, b], TOKENS)  # turn 0: an idle tie goes to a; 8 tokens to prefill there
     assert first.worker is a
-    policy.choose([a], list(range(100, 200)))  # 100 more queued on a
+    choose(policy, [a], list(range(100, 200)))  # 100 more queued on a
     # Turn 2 would break a tie towards a again; but a: 108 queued + 8, b: 8.
-    assert policy.choose([a, b], list(range(300, 308))).worker is b
+    assert choose(policy, [a, b], list(range(300, 308))).worker is b
     assert policy._queued("a", policy._flying["a"]) == 108
     index.apply(("a", 0), [("store", CHAIN, None)])  # the first one's prefill is over
     assert policy._queued("a", policy._flying["a"]) == 100
@@ -87,8 +88,8 @@ def test_a_sibling_follows_a_request_in_flight_before_its_kv_events_arrive() -> 
     for overlay in (True, False):
         policy, _, _ = _exact(overlay=overlay)
         a, b = _worker("a"), _worker("b")
-        first = policy.choose([a, b], TOKENS)
-        follow = policy.choose([a, b], sibling)
+        first = choose(policy, [a, b], TOKENS)
+        follow = choose(policy, [a, b], sibling)
         if overlay:  # there: 8 queued + 2 uncached; elsewhere 10; a tie, and the deeper cache wins it
             assert (follow.worker, follow.reason, follow.held) == (first.worker, "prefix_hit", 8)
         else:  # the index knows nothing yet: there 8 queued + 10, elsewhere 10
@@ -102,12 +103,12 @@ def test_a_private_prefix_stays_and_a_hot_one_spreads() -> None:
     index.apply(("b", 0), [("store", CHAIN, None)])
     a, b = _worker("a", max_running=1), _worker("b", max_running=1)
     b.in_flight = 1  # b: 8 of slot wait + 2 of decode + 0 uncached; a: 8 uncached + 2 x the 8 private tokens = 24
-    assert policy.choose([a, b], TOKENS).worker is b
+    assert choose(policy, [a, b], TOKENS).worker is b
     policy._flying.clear()
-    longer = policy.choose([a, b], [*TOKENS, 60, 61])  # b: 8 + 2 + 2; a: 10 + 16
+    longer = choose(policy, [a, b], [*TOKENS, 60, 61])  # b: 8 + 2 + 2; a: 10 + 16
     assert longer.worker is b  # in flight on b now, 2 tokens to prefill: it shares the 8-token prefix
     b.in_flight = 2  # b: 2 queued + 16 of slot wait + 2; a: 8 uncached and no penalty, the prefix is a hot one
-    assert policy.choose([a, b], TOKENS)[:2] == (a, "fallback_overload")
+    assert choose(policy, [a, b], TOKENS)[:2] == (a, "fallback_overload")
 
 
 def test_below_the_slot_bound_the_decode_already_running_counts() -> None:
@@ -117,7 +118,7 @@ def test_below_the_slot_bound_the_decode_already_running_counts() -> None:
         for source in ("a", "b"):
             index.apply((source, 0), [("store", CHAIN, None)])
         a, b = _worker("a", in_flight=3, max_running=4), _worker("b", max_running=4)
-        assert policy.choose([a, b], TOKENS).worker.id == expected
+        assert choose(policy, [a, b], TOKENS).worker.id == expected
 
 
 def test_released_requests_teach_the_run_time_line() -> None:
@@ -138,16 +139,16 @@ def test_the_slot_wait_is_the_expected_end_of_the_earliest_request() -> None:
     for work in (0, 100, 200, 300, 0, 100, 200, 300):  # taught: 50 ms of decode, 0.1 ms a prefill token
         policy.runtimes.add(work, 0.05 + 1e-4 * work)
     a, b = _worker("a", max_running=1), _worker("b", max_running=1)
-    early = policy.choose([a, b], list(range(300, 308))).worker  # routed at 100.000, 8 tokens: ends 100.0508
+    early = choose(policy, [a, b], list(range(300, 308))).worker  # routed at 100.000, 8 tokens: ends 100.0508
     late = b if early is a else a
     early.in_flight = late.in_flight = 1
     clock.now += 0.04
-    assert policy.choose([late], TOKENS).worker is late  # routed at 100.040: ends at 100.0908
+    assert choose(policy, [late], TOKENS).worker is late  # routed at 100.040: ends at 100.0908
     clock.now += 0.01
     sibling = [*TOKENS[:2], 70, 71, 72, 73, 74, 75]  # shares one page with the late one's prompt
     # late: 8 queued + (100.0908 - 100.05) / 0.1 ms = 408 of wait + 2 of decode + 6 uncached = 424
     # early: 8 queued + 8 of wait + 2 + 8 uncached (the shared page is hot: no penalty) = 26
-    assert policy.choose([a, b], sibling)[:2] == (early, "fallback_overload")
+    assert choose(policy, [a, b], sibling)[:2] == (early, "fallback_overload")
     clock.now += 0.05  # both should have ended by now: late 8 + 0 + 6, early (8 + 8) queued + 0 + 8
-    assert policy.choose([a, b], sibling).worker is late
+    assert choose(policy, [a, b], sibling).worker is late
     assert policy.runtimes.samples == 8

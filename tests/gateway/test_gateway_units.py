@@ -5,15 +5,20 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from cacheon.errors import UsageError
+from cacheon.gateway import config
 from cacheon.gateway.config import WorkerSpec, load
 from cacheon.gateway.http import session
-from cacheon.gateway.policy import Approx
+from cacheon.gateway.policy import POLICIES, Approx, make_policy
 from cacheon.gateway.workers import Discovery, Worker, WorkerState, discover
+from cacheon.kv.index import BlockIndex
+from cacheon.tokens.chains import ChainCache
+from tests.gateway.snapshots import choose
 
 
 def _config(tmp_path: Path, text: str, name: str = "gw.yaml") -> Path:
@@ -83,14 +88,14 @@ def _worker(wid: str, in_flight: int = 0) -> Worker:
 def test_approx_remembers_where_prefixes_went_within_its_bound() -> None:
     policy = Approx(epsilon=0.25, min_prefix_blocks=1, min_match_ratio=0, max_entries=4, chunk=2)
     a, b = _worker("a"), _worker("b")
-    first, reason, _ = policy.choose([a, b], [1, 2, 3, 4])[:3]
+    first, reason, _ = choose(policy, [a, b], [1, 2, 3, 4])[:3]
     assert reason == "fallback_miss"
-    again = policy.choose([a, b], [1, 2, 3, 4, 5, 6])
+    again = choose(policy, [a, b], [1, 2, 3, 4, 5, 6])
     assert again[:3] == (first, "prefix_hit", 4)
-    policy.choose([a, b], [7, 8, 9, 10, 11, 12])  # 3 new nodes: the LRU bound drops the oldest
-    assert policy.choose([a, b], [1, 2])[1] == "fallback_miss"
+    choose(policy, [a, b], [7, 8, 9, 10, 11, 12])  # 3 new nodes: the LRU bound drops the oldest
+    assert choose(policy, [a, b], [1, 2])[1] == "fallback_miss"
     policy.forget(first.id)  # a removed worker's entries go with it
-    assert policy.choose([a, b], [7, 8, 9, 10])[1] == "fallback_miss"
+    assert choose(policy, [a, b], [7, 8, 9, 10])[1] == "fallback_miss"
 
 
 @pytest.mark.parametrize("prefix", ["/", "/get_"])
@@ -114,3 +119,11 @@ def test_discovery_reads_server_info_or_its_deprecated_alias(prefix: str) -> Non
             return await discover(client, str(server.make_url("")).rstrip("/"), 5)
 
     assert asyncio.run(run()) == Discovery("0.5.22", "demo", 16, 2, 7000, replay_port=7100)
+
+
+
+def test_every_configurable_policy_comes_from_the_registry_under_its_own_name() -> None:
+    assert set(POLICIES) == set(config.POLICIES)
+    for name in config.POLICIES:
+        cfg = msgspec.structs.replace(config.DEFAULTS, policy=name)
+        assert make_policy(cfg, BlockIndex(), ChainCache()).name == name

@@ -10,12 +10,14 @@ import pytest
 from cacheon.gateway.attest import Fence, check_identity
 from cacheon.gateway.config import WorkerSpec, parse
 from cacheon.gateway.policy import Exact
-from cacheon.gateway.prediction import NoPrediction, Reuse, chain_prior, plain_content, reuse_of
+from cacheon.gateway.prediction import NoPrediction, Reuse, chain_prior, plain_content
+from cacheon.gateway.prompt import Chat, Completion, Generate, Request, reuse_of
 from cacheon.gateway.workers import Discovery, FenceReason, Worker, WorkerState
 from cacheon.kv.hashing import page_hashes, salt_seed
 from cacheon.kv.index import BlockIndex
 from cacheon.sim.tokenizer import gateway_model
 from cacheon.tokens.chains import ChainCache
+from tests.gateway.snapshots import choose
 
 PAGE = 4
 TOKENS = list(range(100, 100 + 3 * PAGE))  # exactly three pages
@@ -32,28 +34,28 @@ def _policy(index: BlockIndex) -> Exact:
 
 
 @pytest.mark.parametrize(
-    ("kind", "body", "limit"),
+    ("body", "limit"),
     [
-        ("completion", {}, 11),  # len - 1: the last token's logits are always computed
-        ("completion", {"echo": True}, 11),  # echo alone asks for no logprobs
-        ("completion", {"logprobs": 1}, 11),  # nor do completion logprobs alone
-        ("completion", {"echo": True, "logprobs": 1}, 0),  # prompt logprobs from token 0
-        ("generate", {"return_logprob": True, "logprob_start_len": 5}, 5),
-        ("generate", {"logprob_start_len": 5}, 11),  # a start without return_logprob caps nothing
-        ("generate", {"return_logprob": True, "logprob_start_len": 40}, 11),  # past the end: len - 1 still
-        ("chat", {"logprobs": True}, 11),  # chat logprobs are the completion's, not the prompt's
+        (Completion(), 11),  # len - 1: the last token's logits are always computed
+        (Completion(echo=True), 11),  # echo alone asks for no logprobs
+        (Completion(logprobs=1), 11),  # nor do completion logprobs alone
+        (Completion(echo=True, logprobs=1), 0),  # prompt logprobs from token 0
+        (Generate(return_logprob=True, logprob_start_len=5), 5),
+        (Generate(logprob_start_len=5), 11),  # a start without return_logprob caps nothing
+        (Generate(return_logprob=True, logprob_start_len=40), 11),  # past the end: len - 1 still
+        (Chat(), 11),  # chat logprobs are the completion's, not the prompt's
     ],
 )
-def test_the_reuse_cap_is_the_engines(kind: str, body: dict[str, object], limit: int) -> None:
-    assert reuse_of(kind, body, len(TOKENS)) == Reuse(limit)
+def test_the_reuse_cap_is_the_engines(body: Request, limit: int) -> None:
+    assert reuse_of(body, len(TOKENS)) == Reuse(limit)
 
 
 def test_namespaces_the_events_do_not_show_are_refused_with_a_reason() -> None:
-    assert reuse_of("completion", {"extra_key": "x"}, 12).refusal is NoPrediction.NAMESPACE_NOT_PUBLISHED
-    assert reuse_of("completion", {"lora_path": "a"}, 12).refusal is NoPrediction.NAMESPACE_NOT_PUBLISHED
-    assert reuse_of("completion", {"cache_salt": 7}, 12).refusal is NoPrediction.NAMESPACE_NOT_PUBLISHED
-    assert reuse_of("completion", {"cache_salt": ""}, 12) == Reuse(11)  # SGLang ignores an empty salt
-    assert reuse_of("completion", {"cache_salt": "t"}, 12) == Reuse(11, "t")
+    assert reuse_of(Completion(extra_key="x"), 12).refusal is NoPrediction.NAMESPACE_NOT_PUBLISHED
+    assert reuse_of(Completion(lora_path="a"), 12).refusal is NoPrediction.NAMESPACE_NOT_PUBLISHED
+    assert reuse_of(Completion(cache_salt=7), 12).refusal is NoPrediction.NAMESPACE_NOT_PUBLISHED
+    assert reuse_of(Completion(cache_salt=""), 12) == Reuse(11)  # SGLang ignores an empty salt
+    assert reuse_of(Completion(cache_salt="t"), 12) == Reuse(11, "t")
     assert plain_content([{"role": "user", "content": "hi"}, {"role": "assistant"}])
     assert not plain_content([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
 
@@ -72,10 +74,10 @@ def test_an_identical_repeat_is_predicted_one_page_short() -> None:
     index.apply(("a", 0), [("store", page_hashes(TOKENS, PAGE), None)])  # all three pages cached
     policy = _policy(index)
     a = _worker("a", "0.5.22", "sglang-kv-rank-v4")
-    assert policy.choose([a], TOKENS, reuse_of("completion", {}, len(TOKENS))).held == 2 * PAGE
-    assert policy.choose([a], TOKENS).held == 3 * PAGE  # control: without the cap, the whole prompt
-    echo = reuse_of("completion", {"echo": True, "logprobs": 1}, len(TOKENS))
-    decision = policy.choose([a], TOKENS, echo)
+    assert choose(policy, [a], TOKENS, reuse_of(Completion(), len(TOKENS))).held == 2 * PAGE
+    assert choose(policy, [a], TOKENS).held == 3 * PAGE  # control: without the cap, the whole prompt
+    echo = reuse_of(Completion(echo=True, logprobs=1), len(TOKENS))
+    decision = choose(policy, [a], TOKENS, echo)
     assert (decision.held, decision.predicted) == (0, True)  # predicted: nothing reused, which is exact
 
 
@@ -85,14 +87,14 @@ def test_salted_chains_are_predicted_on_seeded_workers_and_refused_on_the_pin() 
     index.apply(("pin", 0), [("store", page_hashes(TOKENS, PAGE), None)])
     policy = _policy(index)
     new, pin = _worker("new", "0.5.22", "sglang-kv-rank-v4"), _worker("pin", "0.5.13.post1", "sglang-kv-rank-v1")
-    salted = reuse_of("completion", {"cache_salt": "t"}, len(TOKENS))
-    decision = policy.choose([new], TOKENS, salted)
+    salted = reuse_of(Completion(cache_salt="t"), len(TOKENS))
+    decision = choose(policy, [new], TOKENS, salted)
     assert (decision.held, decision.predicted, decision.refused) == (2 * PAGE, True, None)
-    assert policy.choose([new], TOKENS, Reuse(11, "u")).held == 0  # another tenant's namespace
-    assert policy.choose([new], TOKENS, Reuse(11)).held == 0  # control: the plain chain is not there
-    decision = policy.choose([pin], TOKENS, salted)
+    assert choose(policy, [new], TOKENS, Reuse(11, "u")).held == 0  # another tenant's namespace
+    assert choose(policy, [new], TOKENS, Reuse(11)).held == 0  # control: the plain chain is not there
+    decision = choose(policy, [pin], TOKENS, salted)
     assert (decision.held, decision.predicted, decision.refused) == (0, False, NoPrediction.SALT_NOT_PUBLISHED)
-    assert policy.choose([pin], TOKENS, Reuse(11)).held == 2 * PAGE  # unsalted, the pin's ids do predict
+    assert choose(policy, [pin], TOKENS, Reuse(11)).held == 2 * PAGE  # unsalted, the pin's ids do predict
 
 
 @pytest.mark.parametrize(("speculative", "fenced"), [("EAGLE", True), ("eagle3", True), ("NEXTN", True),

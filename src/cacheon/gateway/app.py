@@ -24,7 +24,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cacheon.errors import UsageError
 from cacheon.gateway.config import GatewayConfig, is_loopback, split_listen, worker_spec
-from cacheon.gateway.proxy import Refusal, oai_error
+from cacheon.gateway.protocol import Runner
+from cacheon.gateway.refusals import Refusal, oai_error
 from cacheon.gateway.service import Gateway
 
 log = logging.getLogger("cacheon.gateway")
@@ -233,7 +234,7 @@ class GatewayServer:
             listeners.append(("admin.listen", cfg.admin.listen, admin_app(self.gw, self.token)))
         try:
             for key, listen, app in listeners:
-                runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                runner = Runner(app, handler_cancellation=True, access_log=None,
                                        shutdown_timeout=cfg.drain_timeout_s)
                 await runner.setup()
                 self._runners.append(runner)

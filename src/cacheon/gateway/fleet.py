@@ -23,6 +23,7 @@ import aiohttp
 
 from cacheon.errors import UsageError
 from cacheon.gateway.attest import Echoes, Rung, climb
+from cacheon.gateway.breaker import Breaker
 from cacheon.gateway.config import GatewayConfig, WorkersDns, WorkerSpec
 from cacheon.gateway.feeds import WorkerFeeds
 from cacheon.gateway.http import TRANSPORT_ERRORS
@@ -85,7 +86,8 @@ class Fleet:
             wid = f"w{next(self._ids)}"
         if wid in self.workers or any(w.url == spec.url for w in self.workers.values()):
             raise UsageError(f"worker {wid} ({spec.url}) is already registered")
-        worker = self.workers[wid] = Worker(wid, spec, origin=origin)
+        breaker = Breaker(self.cfg.breaker_failures, self.cfg.breaker_open_s)
+        worker = self.workers[wid] = Worker(wid, spec, origin=origin, breaker=breaker)
         log.info(f"worker {wid} added", extra={"fields": {"worker": wid, "url": spec.url, "origin": origin}})
         self._spawn(self.attest(worker))
         return worker
@@ -191,7 +193,7 @@ class Fleet:
         came_back = ok and not w.healthy
         w.healthy = ok
         if ok and came_back:
-            w.failures, w.open_until = 0, 0.0
+            w.breaker.reset()
         if not self.policy.attests or not ok:
             return
         resets, rejects = w.resets(), w.rejects()
@@ -255,7 +257,7 @@ class Fleet:
                        "attested_at": w.attested_at},
             "healthy": w.healthy,
             "draining": w.draining,
-            "breaker_open": time.time() < w.open_until,
+            "breaker_open": not w.breaker.closed(time.time()),
             "in_flight": w.in_flight,
             "kv_replay_port": w.replay_port,
             "indexed_blocks": self.indexed_blocks(w),

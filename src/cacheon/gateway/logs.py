@@ -24,6 +24,9 @@ LEVELS = ("debug", "info", "warning", "error")
 FLUSH_S = 0.2  # the longest an INFO line waits in the buffer
 _json = msgspec.json.Encoder(enc_hook=str)
 _QUOTED = frozenset(' ="\n')
+# Every logger that writes from inside the gateway: its own, and aiohttp's and asyncio's (their
+# tracebacks, e.g. a request the HTTP parser refused, go through the same formatter as the rest).
+ROUTED = ("cacheon", "aiohttp", "asyncio")
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -114,7 +117,7 @@ _handler: _Buffered | None = None
 
 
 def configure(level: str = "info", fmt: LogFormat = "text") -> None:
-    """Send every ``cacheon`` logger's records at ``level`` and above to stderr in ``fmt``."""
+    """Send the records of every logger in ``ROUTED`` at ``level`` and above to stderr in ``fmt``."""
     global _handler
     stop()
     # The logging HOWTO's optimisations: no caller lookup (a stack walk per record), no thread,
@@ -123,10 +126,11 @@ def configure(level: str = "info", fmt: LogFormat = "text") -> None:
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     _handler = _Buffered()
     _handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    root = logging.getLogger("cacheon")
-    root.handlers[:] = [_handler]
-    root.setLevel(level.upper())
-    root.propagate = False
+    for name in ROUTED:
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [_handler]
+        logger.setLevel(level.upper())
+        logger.propagate = False
 
 
 @atexit.register

@@ -1,4 +1,9 @@
-"""Routing policies: pick a worker for a token list and say why (``<policy>:<reason>``)."""
+"""Routing policies: pick a worker for a token list and say why (``<policy>:<reason>``).
+
+A policy sees each worker as a ``Candidate``, a frozen copy taken when the request is routed: it
+cannot change a worker, and what it reads cannot change under it. Policies are chosen by name from
+``POLICIES``.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,13 @@ import itertools
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
 from typing import Any, NamedTuple, Protocol
 
 from cacheon.gateway.config import GatewayConfig
 from cacheon.gateway.prediction import NoPrediction, Reuse, chain_prior
-from cacheon.gateway.workers import Worker, WorkerState
+from cacheon.gateway.workers import Discovery, Worker, WorkerState
 from cacheon.kv.feed import Source
 from cacheon.kv.index import PrefixIndex
 from cacheon.tokens.chains import ChainCache
@@ -28,8 +33,25 @@ class RouteReason(StrEnum):
     RETRY = "retry"  # the proxy's, after a worker failed
 
 
+class Candidate(NamedTuple):
+    """One worker as a policy sees it when a request is routed (a tuple: cheaper to make than a frozen
+    dataclass, measured ~110 µs against ~30 µs for 64 workers on a loaded 2-core box)."""
+
+    id: str
+    in_flight: int = 0
+    state: WorkerState = WorkerState.PENDING
+    discovery: Discovery | None = None
+    contract_id: str | None = None
+
+
+def snapshot(workers: Iterable[Worker], new: Callable[..., Any] = tuple.__new__) -> list[Candidate]:
+    """Each worker as a ``Candidate`` now (``tuple.__new__`` skips the generated constructor's Python
+    frame: a third of the cost, paid for every worker on every request)."""
+    return [new(Candidate, (w.id, w.in_flight, w.state, w.discovery, w.contract_id)) for w in workers]
+
+
 class Decision(NamedTuple):
-    worker: Worker
+    worker: Candidate
     reason: RouteReason
     held: int  # prompt tokens the chosen worker holds (prefix policies)
     ticket: Any = None  # what the policy keeps about this request until ``released`` (exact's ``InFlight``)
@@ -45,7 +67,7 @@ class Policy(Protocol):
     tokenizes: bool  # whether ``choose`` uses the prompt's tokens (the proxy skips tokenizing otherwise)
     attests: bool  # whether it routes on KV events, so workers must climb the attestation ladder
 
-    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None,
+    def choose(self, workers: Sequence[Candidate], tokens: Sequence[int] | None,
                reuse: Reuse | None = None) -> Decision: ...
 
     def released(self, decision: Decision) -> None:
@@ -55,13 +77,13 @@ class Policy(Protocol):
         """A worker left the pool: drop what the policy keeps about it."""
 
 
-def least_loaded(workers: Sequence[Worker], turn: int = 0) -> Worker:
+def least_loaded(workers: Sequence[Candidate], turn: int = 0) -> Candidate:
     """Fewest in flight; ties rotate with ``turn``, or a burst that finds every worker idle lands on one."""
     n = len(workers)
     return workers[min(range(n), key=lambda i: (workers[i].in_flight, (i - turn) % n))]
 
 
-def _bounded(workers: Sequence[Worker], epsilon: float) -> set[str]:
+def _bounded(workers: Sequence[Candidate], epsilon: float) -> set[str]:
     """Ids of workers within (1+ε)× the mean in-flight load (a floor of 1 keeps idle pools open)."""
     mean = sum(w.in_flight for w in workers) / len(workers)
     return {w.id for w in workers if w.in_flight <= (1 + epsilon) * max(mean, 1.0)}
@@ -85,7 +107,7 @@ class Prefix:
         """Units a match must cover for a prompt of ``units`` whole units."""
         return max(self.min_units, math.ceil(self.min_match_ratio * units))
 
-    def pick(self, workers: Sequence[Worker], held: dict[str, int], counted: set[str]) -> Decision:
+    def pick(self, workers: Sequence[Candidate], held: dict[str, int], counted: set[str]) -> Decision:
         """``held``: prompt tokens each matching worker holds; ``counted``: those deep enough."""
         turn = next(self._turns)
         if not counted:
@@ -113,7 +135,7 @@ class RoundRobin:
     def __init__(self) -> None:
         self._turn = itertools.count()
 
-    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None,
+    def choose(self, workers: Sequence[Candidate], tokens: Sequence[int] | None,
                reuse: Reuse | None = None) -> Decision:
         return Decision(workers[next(self._turn) % len(workers)], RouteReason.ROUND_ROBIN, 0)
 
@@ -232,7 +254,7 @@ class Exact:
         self._turns = itertools.count()
         self._flying: dict[str, list[InFlight]] = {}  # worker -> the requests routed there, not yet released
 
-    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None,
+    def choose(self, workers: Sequence[Candidate], tokens: Sequence[int] | None,
                reuse: Reuse | None = None) -> Decision:
         """``reuse``: the engine's cap on what it reuses of this prompt and its namespace (none: all of it)."""
         ready = [(w, w.discovery) for w in workers if w.state == WorkerState.READY and w.discovery is not None]
@@ -263,7 +285,7 @@ class Exact:
                     held[source] = max(held.get(source, 0), depth * size)
         line = self.runtimes.line()
         # Per worker: the prefix it holds (index, or in-flight overlay), prefill queued, slot wait.
-        views: list[tuple[Worker, int, int, float, float]] = []
+        views: list[tuple[Candidate, int, int, float, float]] = []
         shared = 0  # the longest prefix of this prompt a request in flight also has: then it is a hot one
         for w, found in ready:
             have, queued, wait = held.get(w.id, 0), 0, 0.0
@@ -361,7 +383,7 @@ class Approx(Prefix):
             keys.append(key)
         return keys
 
-    def choose(self, workers: Sequence[Worker], tokens: Sequence[int] | None,
+    def choose(self, workers: Sequence[Candidate], tokens: Sequence[int] | None,
                reuse: Reuse | None = None) -> Decision:
         if tokens is None:
             return Decision(least_loaded(workers, next(self._turns)), RouteReason.FALLBACK_MISS, 0)
@@ -391,10 +413,15 @@ class Approx(Prefix):
             holders.discard(worker_id)
 
 
+PolicyFactory = Callable[[GatewayConfig, PrefixIndex[Source], ChainCache], Policy]
+POLICIES: dict[str, PolicyFactory] = {
+    "rr": lambda cfg, index, chains: RoundRobin(),
+    "exact": lambda cfg, index, chains: Exact(index, chains),
+    "approx": lambda cfg, index, chains: Approx(cfg.load_epsilon, cfg.min_prefix_blocks, cfg.min_match_ratio,
+                                                cfg.approx_max_entries),
+}
+
+
 def make_policy(cfg: GatewayConfig, index: PrefixIndex[Source], chains: ChainCache) -> Policy:
     """The configured policy, with the gateway's index and chain cache."""
-    if cfg.policy == "rr":
-        return RoundRobin()
-    if cfg.policy == "exact":
-        return Exact(index, chains)
-    return Approx(cfg.load_epsilon, cfg.min_prefix_blocks, cfg.min_match_ratio, cfg.approx_max_entries)
+    return POLICIES[cfg.policy](cfg, index, chains)

@@ -4,7 +4,7 @@ SGLang's prefix match is capped before it looks at the cache (``Req._compute_max
 every release here): at ``len - 1`` (the last prompt token's logits must be computed) and, for a
 request that asks for prompt logprobs from ``logprob_start_len`` on, at that start; a paged cache
 then reuses whole pages only. ``Reuse`` carries that cap, and the request's cache namespace,
-from the request body to the policy.
+from the request (``prompt.reuse_of``) to the policy.
 
 A namespace the published ids do not show cannot be predicted: ``extra_key`` and LoRA adapters
 (every release here keeps them out of event hashes), and ``cache_salt`` where the release
@@ -38,31 +38,6 @@ class Reuse:
     limit: int  # leading prompt tokens a prefix match may cover at most
     salt: str | None = None  # cache_salt, when the request has one
     refusal: NoPrediction | None = None  # a reason no worker's cached prefix can be predicted
-
-
-def _logprob_start(kind: str, body: dict[str, Any]) -> int | None:
-    """Where the request's prompt logprobs start, if it asks for them (SGLang's serving layer:
-    an ``echo`` completion with ``logprobs`` asks from 0; native requests say so themselves)."""
-    if kind == "completion":
-        return 0 if body.get("echo") and body.get("logprobs") else None
-    if kind == "generate" and body.get("return_logprob") is True:
-        start = body.get("logprob_start_len")
-        return start if type(start) is int and start >= 0 else None
-    return None
-
-
-def reuse_of(kind: str, body: dict[str, Any], prompt_tokens: int) -> Reuse:
-    """The engine's reuse cap and namespace for a request of ``prompt_tokens`` tokens."""
-    if body.get("extra_key") or body.get("lora_path"):
-        return Reuse(0, refusal=NoPrediction.NAMESPACE_NOT_PUBLISHED)
-    salt = body.get("cache_salt") or None  # SGLang ignores an empty salt
-    if salt is not None and not isinstance(salt, str):
-        return Reuse(0, refusal=NoPrediction.NAMESPACE_NOT_PUBLISHED)
-    limit = prompt_tokens - 1
-    start = _logprob_start(kind, body)
-    if start is not None:
-        limit = min(limit, start)
-    return Reuse(max(limit, 0), salt)
 
 
 def plain_content(messages: list[Any]) -> bool:

@@ -1,73 +1,47 @@
-"""The gateway's request path: parse, tokenize, pick a worker, forward, retry, relay.
+"""The gateway's request path: decode (``prompt``), tokenize, pick a worker, forward, retry, relay.
 
 A request is retried on another worker only while nothing has reached the client. Every request
-ends in one ``Outcome``, recorded in one place (``_record``): the metrics, the access log line and
-the trace span all hang off it. A client that leaves cancels the handler (the server runs with
-handler cancellation), which closes the upstream connection: that is how a worker learns to abort.
+ends in one ``Outcome``, recorded in one place (``recorder``). A client that leaves cancels the
+handler (the server runs with handler cancellation), which closes the upstream connection: that is
+how a worker learns to abort. A worker that dies mid-stream leaves the client an error event and
+an unterminated stream, never a clean end; a non-streamed 2xx that is not a JSON object counts as
+that worker's failure. Forwarded requests carry this gateway's hop mark: one that comes back is
+refused, so a gateway registered as its own worker cannot loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import functools
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 import msgspec
 from aiohttp import web
 from yarl import URL
 
-from cacheon.errors import UsageError
 from cacheon.gateway.config import GatewayConfig
 from cacheon.gateway.fleet import Fleet
 from cacheon.gateway.http import JSON_HEADERS, TRANSPORT_ERRORS
 from cacheon.gateway.metrics import Metrics
-from cacheon.gateway.policy import Decision, Policy, RouteReason
-from cacheon.gateway.precision import StreamTail, reported_cached
-from cacheon.gateway.prediction import NoPrediction, Reuse, plain_content, reuse_of
+from cacheon.gateway.policy import Decision, Policy, RouteReason, snapshot
+from cacheon.gateway.precision import StreamTail
+from cacheon.gateway.prediction import Reuse
+from cacheon.gateway.prompt import Prompt, Route, decode, encode, prompt_of, reuse_of, within_context
+from cacheon.gateway.recorder import CLIENT_GONE, Attempt, Outcome, Recorder, log
+from cacheon.gateway.refusals import Refusal, Rejected, clip, oai_error
 from cacheon.gateway.tracing import Tracing
 from cacheon.gateway.workers import Worker
 from cacheon.tokens.profile import TokenizerProfile
 
-log = logging.getLogger("cacheon.access")
 _HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"}
+HOP_HEADER = "x-cacheon-hop"  # the gateways a request passed through, by instance mark
+OFFLOAD_CHARS = 1 << 16  # prompts longer than this are tokenized off the event loop
+_ANSWER = msgspec.json.Decoder(dict[str, msgspec.Raw])  # a non-streamed answer is one JSON object
 _json = msgspec.json.Encoder()
-CLIENT_GONE = 499  # nginx's code for a client that closed the connection first
-U32_IDS = 1 << 32  # no vocabulary reaches it; a token id at or past a model's vocabulary crashes SGLang's scheduler
-
-
-class Refusal(StrEnum):
-    """Why the gateway answered a request itself (``cacheon_request_rejects_total{reason}``)."""
-
-    BAD_JSON = "bad_json"
-    BAD_REQUEST = "bad_request"
-    UNKNOWN_MODEL = "unknown_model"
-    BODY_TOO_LARGE = "body_too_large"
-    NO_WORKER = "no_worker"
-    UNKNOWN_ROUTE = "unknown_route"
-    UNAUTHORIZED = "unauthorized"
-    INTERNAL = "internal"
-
-
-def oai_error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
-              headers: Mapping[str, str] | None = None) -> web.Response:
-    """An OpenAI-shaped error: ``{"error": {message, type, param, code}}``."""
-    body = _json.encode({"error": {"message": message, "type": kind, "param": None, "code": code}})
-    return web.Response(body=body, status=status, content_type="application/json", headers=headers)
-
-
-class Rejected(Exception):
-    """The gateway answers this request itself, with an OpenAI error."""
-
-    def __init__(self, refusal: Refusal, status: int, message: str, kind: str = "invalid_request_error",
-                 code: str | None = None) -> None:
-        super().__init__(message)
-        self.refusal, self.status, self.message, self.kind, self.code = refusal, status, message, kind, code
 
 
 class Retry(Exception):
@@ -76,29 +50,6 @@ class Retry(Exception):
     def __init__(self, why: str, response: web.Response | None = None) -> None:
         super().__init__(why)
         self.why, self.response = why, response
-
-
-@dataclass
-class Outcome:
-    """How one request ended: its answer, the attempts that led there, and what they took."""
-
-    endpoint: str
-    request_id: str
-    started: float  # perf_counter at arrival
-    kind: str = "completion"  # completion, chat or generate: where the engine reports its cached tokens
-    model: str | None = None
-    stream: bool = False
-    prompt_tokens: int | None = None  # as the gateway tokenized it (None: not tokenized)
-    response: web.StreamResponse | None = None
-    status: int = 0  # what the client got (499: it left first)
-    refusal: Refusal | None = None
-    decisions: list[Decision] = field(default_factory=list)  # one per attempt, in order
-    failures: list[str] = field(default_factory=list)  # "worker: why" per failed attempt
-    first_chunk: float | None = None  # perf_counter of a stream's first upstream chunk
-    error: str | None = None  # how a stream ended early, if it did
-    refusal_reason: NoPrediction | None = None  # why nothing about this request's cache can be predicted
-    tail: StreamTail | None = None  # a stream's last counting event, for scoring the prediction
-    span: Any = None  # the trace span, when tracing is on
 
 
 def request_id(request: web.Request) -> str:
@@ -116,19 +67,24 @@ class Proxy:
                  metrics: Metrics, tracing: Tracing | None = None) -> None:
         self.cfg, self.fleet, self.policy, self.profiles, self.metrics = cfg, fleet, policy, profiles, metrics
         self.tracing = tracing
-        # Per-request costs kept off the hot path: parsed upstream URLs, timeouts, metric children.
+        self.recorder = Recorder(policy.name, metrics, profiles, tracing)
+        self.hop = os.urandom(8).hex()  # this gateway instance's mark on what it forwards
+        self._tokenizer = ThreadPoolExecutor(1, thread_name_prefix="tokenize")  # long prompts, one at a time
+        # Per-request costs kept off the hot path: parsed upstream URLs, timeouts.
         self._urls: dict[tuple[str, str], URL] = {}
         self._timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
         self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.request_timeout_s,
                                                      sock_read=cfg.request_timeout_s)
-        self._series: dict[tuple[str, ...], Any] = {}
+
+    def close(self) -> None:
+        self._tokenizer.shutdown(wait=False, cancel_futures=True)
 
     async def handle(self, request: web.Request, path: str, kind: str) -> web.StreamResponse:
-        outcome = Outcome(path, request_id(request), time.perf_counter(), kind)
+        outcome = Outcome(path, request_id(request), time.perf_counter(), Route(kind))
         if self.tracing is not None:
             outcome.span = self.tracing.start(f"{request.method} {path}", request.headers, outcome.request_id)
         try:
-            outcome.response = await self._route(request, kind, outcome)
+            outcome.response = await self._route(request, outcome)
         except Rejected as rejected:
             outcome.refusal = rejected.refusal
             outcome.response = oai_error(rejected.status, rejected.message, rejected.kind, rejected.code,
@@ -142,156 +98,36 @@ class Proxy:
             outcome.response = oai_error(500, f"internal gateway error (request {outcome.request_id})",
                                          "internal_error", headers={"x-request-id": outcome.request_id})
         finally:
-            self._record(outcome)
+            self.recorder.record(outcome)
         return outcome.response
-
-    def _record(self, o: Outcome) -> None:
-        """The one place a request's outcome is counted, logged and traced."""
-        status = o.status or (o.response.status if o.response is not None else 0)
-        elapsed = time.perf_counter() - o.started
-        self._child("requests", o.endpoint, str(status)).inc()
-        last = o.decisions[-1] if o.decisions else None
-        worker = last.worker.id if last else None
-        route = f"{self.policy.name}:{last.reason}" if last else None
-        if o.refusal is not None:
-            self.metrics.rejects.labels(o.refusal).inc()
-        if last is not None and worker is not None and route is not None:
-            model = self._model_label(o.model, last.worker)
-            self._child("latency", worker, model, route).observe(elapsed)
-            if o.first_chunk is not None:
-                self._child("ttft", worker, model, route).observe(o.first_chunk - o.started)
-        predicted = o.decisions[0].held if o.decisions else None
-        if last is not None and 200 <= status < 300:
-            self._score(o, last)
-        if log.isEnabledFor(logging.INFO):
-            log.info(f"POST {o.endpoint} {status}", extra={"fields": {
-                "request_id": o.request_id, "endpoint": o.endpoint, "model": o.model, "stream": o.stream,
-                "status": status, "latency_ms": round(elapsed * 1e3, 3),
-                "ttft_ms": None if o.first_chunk is None else round((o.first_chunk - o.started) * 1e3, 3),
-                "route": route, "worker": worker, "worker_url": last.worker.url if last else None,
-                "prompt_tokens": o.prompt_tokens, "predicted_cached_tokens": predicted,
-                "attempts": len(o.decisions), "failures": o.failures or None, "refusal": o.refusal,
-                "error": o.error}})
-        if o.span is not None and self.tracing is not None:
-            self.tracing.finish(o.span, status=status, route=route, worker=worker, model=o.model,
-                                predicted_cached_tokens=predicted, attempts=len(o.decisions), error=o.error)
-
-    def _score(self, o: Outcome, answered: Decision) -> None:
-        """The answering worker's prediction against the cached tokens its engine reports."""
-        precision = answered.worker.precision
-        if answered.refused is not None:
-            precision.refused(answered.refused)
-            return
-        if not answered.predicted:
-            return
-        found = answered.worker.discovery
-        body = o.tail.last if o.tail is not None else getattr(o.response, "body", None)
-        reported = None if body is None or not isinstance(body, bytes) else reported_cached(
-            o.kind, body, found is None or found.cache_report)
-        if reported is None:
-            precision.unreported += 1
-        else:
-            precision.score(answered.held, reported, o.request_id)
-
-    def _child(self, metric: str, *labels: str) -> Any:
-        """``metrics.<metric>.labels(*labels)``, looked up once per label set."""
-        key = (metric, *labels)
-        child = self._series.get(key)
-        if child is None:
-            child = self._series[key] = getattr(self.metrics, metric).labels(*labels)
-        return child
-
-    def _url(self, w: Worker, path: str) -> URL:
-        url = self._urls.get((w.url, path))
-        if url is None:
-            url = self._urls[(w.url, path)] = URL(f"{w.url}{path}")
-        return url
-
-    def _model_label(self, model: str | None, worker: Worker) -> str:
-        """A bounded label: a configured or discovered model name, else ``other``."""
-        if model is not None and (model in self.profiles or (worker.discovery and worker.discovery.model == model)):
-            return model
-        return "other"
-
-    # -- parse ---------------------------------------------------------------------------
-
-    def model_of(self, kind: str, body: dict[str, Any]) -> str | None:
-        """The served model a request is for (None: no profiles, any model goes), or Rejected.
-
-        SGLang's native ``/generate`` has no ``model`` field: with one configured model it is that
-        one; with several the client names one in ``model``, which is removed before forwarding.
-        """
-        model = body.get("model")
-        if kind == "generate" and model is None:
-            if len(self.profiles) > 1:
-                raise _bad(f"several models are served ({', '.join(self.profiles)}): name one in 'model'")
-            return next(iter(self.profiles), None)
-        if model is None:
-            raise _bad("'model' is required")
-        if not isinstance(model, str):
-            raise _bad(f"'model' must be a string, got {_kind(model)}")
-        if self.profiles and model not in self.profiles:
-            raise Rejected(Refusal.UNKNOWN_MODEL, 404, f"The model '{model}' does not exist", code="model_not_found")
-        return model
-
-    def tokens(self, kind: str, body: dict[str, Any], model: str | None) -> list[int] | None:
-        """The request's prompt tokens as the worker will see them; None when not predictable."""
-        if kind == "chat":
-            messages = body.get("messages")
-            if not isinstance(messages, list):
-                raise _bad(f"'messages' must be a list of messages, got {_kind(messages)}")
-            for i, m in enumerate(messages):
-                if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                    raise _bad(f"messages[{i}] must be an object with a string 'role'")
-        if not self.policy.tokenizes or model is None:
-            return None
-        profile = self.profiles[model]
-        try:
-            if kind == "chat":
-                return profile.encode_chat(body["messages"])
-            prompt = body.get("input_ids") if kind == "generate" and "input_ids" in body else body.get(
-                "text" if kind == "generate" else "prompt")
-            if isinstance(prompt, list) and all(type(t) is int for t in prompt):
-                return _in_vocabulary(prompt, profile.vocab_size)
-            if isinstance(prompt, str):
-                return profile.encode(prompt) if kind == "generate" else profile.encode_completion(prompt)
-        except UsageError as exc:
-            raise _bad(str(exc)) from None
-        return None
 
     # -- route ---------------------------------------------------------------------------
 
-    async def _route(self, request: web.Request, kind: str, outcome: Outcome) -> web.StreamResponse:
+    async def _route(self, request: web.Request, outcome: Outcome) -> web.StreamResponse:
+        hops = request.headers.get(HOP_HEADER)
+        if hops is not None and self.hop in hops.split(","):
+            raise Rejected(Refusal.LOOP, 508, "this request came back to the gateway that forwarded it: a worker "
+                           "URL points at the gateway itself", "invalid_request_error", "loop_detected")
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise Rejected(Refusal.BODY_TOO_LARGE, 413, f"the request body is larger than the gateway's "
                            f"max_body_bytes ({self.cfg.max_body_bytes})") from None
-        try:
-            body = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            raise Rejected(Refusal.BAD_JSON, 400, "the request body is not valid JSON"
-                           if raw.strip() else "the request body is empty: send a JSON object") from None
-        if not isinstance(body, dict):
-            raise _bad(f"the request body must be a JSON object, got {_kind(body)}")
-        outcome.model = model = self.model_of(kind, body)
-        if kind == "generate" and "model" in body:
-            del body["model"]
-            raw = _json.encode(body)
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise _bad(f"'stream' must be a boolean, got {_kind(stream)}")
-        outcome.stream = stream
-        tokens, reuse = self._prompt(kind, body, model, outcome)
-        upstream = {**JSON_HEADERS, "x-request-id": outcome.request_id}
+        decoded = decode(outcome.route, raw)
+        outcome.model = None if decoded.model is None else clip(decoded.model)  # logged: bounded
+        discovered = [w.discovery for w in self.fleet.workers.values()]
+        prompt = prompt_of(outcome.route, decoded, raw, self.profiles, discovered)
+        outcome.model, outcome.stream = outcome.model or prompt.model, decoded.stream
+        tokens, reuse = await self._tokens(prompt, outcome)
+        upstream = {**JSON_HEADERS, "x-request-id": outcome.request_id,
+                    HOP_HEADER: f"{hops},{self.hop}" if hops else self.hop}
         if outcome.span is not None and self.tracing is not None:
             self.tracing.inject(outcome.span, upstream)
         tried: set[str] = set()
         last: web.Response | None = None  # the last upstream 5xx, returned if no worker is left to try
-        while pool := self.fleet.pool(model, tried):
-            decision = self._pick(pool, tokens, reuse, outcome.refusal_reason, first=not tried)
-            outcome.decisions.append(decision)
-            worker = decision.worker
+        while pool := self.fleet.pool(prompt.model, tried):
+            worker, decision = self._pick(pool, tokens, reuse, outcome, first=not tried)
+            outcome.attempts.append(Attempt(worker, decision))
             tried.add(worker.id)
             ours = {"x-cacheon-worker": worker.url, "x-cacheon-route": f"{self.policy.name}:{decision.reason}",
                     "x-request-id": outcome.request_id}
@@ -301,9 +137,9 @@ class Proxy:
                 ours["x-cacheon-prediction-refused"] = decision.refused
             worker.in_flight += 1  # from the decision on: the next arrival of a burst must see it
             try:
-                if stream:
-                    return await self._stream(request, worker, outcome, raw, upstream, ours)
-                return await self._call(worker, outcome.endpoint, raw, upstream, ours)
+                if prompt.request.stream:
+                    return await self._stream(request, worker, outcome, prompt.raw, upstream, ours)
+                return await self._call(worker, outcome.endpoint, prompt.raw, upstream, ours)
             except Retry as retry:
                 last = retry.response or last
                 outcome.failures.append(f"{worker.id}: {retry.why}")
@@ -315,45 +151,53 @@ class Proxy:
         why = f" (tried {'; '.join(outcome.failures)})" if outcome.failures else ""
         raise Rejected(Refusal.NO_WORKER, 503, f"no healthy worker can take this request{why}", "service_unavailable")
 
-    def _prompt(self, kind: str, body: dict[str, Any], model: str | None,
-                outcome: Outcome) -> tuple[list[int] | None, Reuse | None]:
+    async def _tokens(self, prompt: Prompt, outcome: Outcome) -> tuple[list[int] | None, Reuse | None]:
         """The prompt's tokens and what the engine may reuse of them; None where nothing can be predicted."""
-        if kind == "chat" and isinstance(body.get("messages"), list) and not plain_content(body["messages"]):
-            self.tokens(kind, body, None)  # still checks the messages' shape
-            outcome.refusal_reason = NoPrediction.CONTENT_PARTS if self.policy.tokenizes else None
+        if prompt.refusal is not None:
+            outcome.refusal_reason = prompt.refusal if self.policy.tokenizes else None
             return None, None
-        tokens = self.tokens(kind, body, model)
+        if not self.policy.tokenizes or prompt.model is None:
+            return None, None
+        work = functools.partial(encode, prompt, self.profiles[prompt.model])
+        if prompt.chars > OFFLOAD_CHARS:  # a long prompt would stall every other request (and /livez)
+            tokens = await asyncio.get_running_loop().run_in_executor(self._tokenizer, work)
+        else:
+            tokens = work()
         if tokens is None:
             return None, None
+        within_context(len(tokens), prompt.context)
         outcome.prompt_tokens = len(tokens)
-        reuse = reuse_of(kind, body, len(tokens))
+        reuse = reuse_of(prompt.request, len(tokens))
         if reuse.refusal is not None:
             outcome.refusal_reason = reuse.refusal
             return None, reuse
         return tokens, reuse
 
-    def _pick(self, pool: list[Worker], tokens: list[int] | None, reuse: Reuse | None,
-              refusal: NoPrediction | None, first: bool) -> Decision:
-        """The policy's choice for a first attempt; the least-loaded untried worker for a retry."""
+    def _pick(self, pool: list[Worker], tokens: list[int] | None, reuse: Reuse | None, outcome: Outcome,
+              first: bool) -> tuple[Worker, Decision]:
+        """The policy's choice (on a snapshot of the pool) for a first attempt; the least-loaded untried
+        worker for a retry."""
         if first:
-            decision = self.policy.choose(pool, tokens, reuse)
-            if refusal is not None:
-                decision = decision._replace(refused=refusal)
+            decision = self.policy.choose(snapshot(pool), tokens, reuse)
+            if outcome.refusal_reason is not None:
+                decision = decision._replace(refused=outcome.refusal_reason)
             self.metrics.prefix_hit_tokens.inc(decision.held)
+            worker = next(w for w in pool if w.id == decision.worker.id)
         else:
-            decision = Decision(min(pool, key=lambda w: w.in_flight), RouteReason.RETRY, 0)
-        self._child("decisions", self.policy.name, decision.reason).inc()
-        return decision
+            worker = min(pool, key=lambda w: w.in_flight)
+            decision = Decision(snapshot([worker])[0], RouteReason.RETRY, 0)
+        self.recorder.child("decisions", self.policy.name, decision.reason).inc()
+        return worker, decision
 
     def _failed(self, w: Worker) -> None:
         self.metrics.upstream_errors.labels(w.id).inc()
-        w.failed(self.cfg.breaker_failures, self.cfg.breaker_open_s)
+        w.breaker.failed()
 
     # -- forward -------------------------------------------------------------------------
 
     async def _call(self, w: Worker, path: str, raw: bytes, upstream: dict[str, str],
                     ours: dict[str, str]) -> web.Response:
-        """The whole response; Retry on a transport error, a timeout or a 5xx."""
+        """The whole response; Retry on a transport error, a timeout, a 5xx or a 2xx that is not JSON."""
         try:
             async with self.fleet.client.post(self._url(w, path), data=raw, headers=upstream,
                                               timeout=self._timeout) as resp:
@@ -365,7 +209,15 @@ class Proxy:
         if status >= 500:
             self._failed(w)
             raise Retry(f"HTTP {status}", response)
-        w.failures = 0
+        if 200 <= status < 300:
+            try:
+                _ANSWER.decode(content)
+            except (msgspec.DecodeError, RecursionError):
+                self._failed(w)
+                raise Retry(f"HTTP {status} with a body that is not a JSON object ({len(content)} bytes)",
+                            oai_error(502, f"worker {w.id} answered with a malformed body", "upstream_error",
+                                      headers=ours)) from None
+        w.breaker.succeeded()
         return response
 
     async def _stream(self, request: web.Request, w: Worker, outcome: Outcome, raw: bytes,
@@ -382,55 +234,49 @@ class Proxy:
         except TRANSPORT_ERRORS as exc:
             self._failed(w)
             raise Retry(_transport(exc, self.cfg.request_timeout_s)) from None
-        w.failures = 0
         out = web.StreamResponse(status=resp.status, headers=_passed(resp.headers, ours))
         try:  # closing an unfinished upstream response aborts that request on the worker
             await out.prepare(request)
             chunks = resp.content.iter_any()
-            # Only a prediction is scored against the stream's last counting event (Proxy._score).
-            tail = outcome.tail = StreamTail() if outcome.decisions[-1].predicted else None
+            # Only a prediction is scored against the stream's last counting event (Recorder._score).
+            tail = outcome.tail = StreamTail() if outcome.attempts[-1].decision.predicted else None
             while True:
                 try:
                     chunk = await chunks.__anext__()
                 except StopAsyncIteration:
                     break
-                except TRANSPORT_ERRORS as exc:  # mid-stream: too late to retry
-                    self.metrics.upstream_errors.labels(w.id).inc()
+                except TRANSPORT_ERRORS as exc:  # mid-stream: too late to retry; the client must see it failed
+                    self._failed(w)
                     outcome.error = f"upstream ended mid-stream: {_transport(exc, self.cfg.request_timeout_s)}"
-                    break
+                    await _abort(request, out, f"worker {w.id} failed mid-stream; the answer is incomplete")
+                    return out
                 if outcome.first_chunk is None:
                     outcome.first_chunk = time.perf_counter()
                 if tail is not None:
                     tail.feed(chunk)
                 await out.write(chunk)
             await out.write_eof()
+            w.breaker.succeeded()
         except ConnectionResetError:  # the client left while we wrote to it
             outcome.status, outcome.error = CLIENT_GONE, "client disconnected"
         finally:
             resp.close()
         return out
 
-
-def _in_vocabulary(prompt: list[int], vocab_size: int | None) -> list[int]:
-    """A token-id prompt whose ids a worker can embed, or Rejected: one id at or past the model's
-    vocabulary makes SGLang's scheduler fail and the whole server exit (measured on 0.5.13.post1
-    and 0.5.23, docs/sglang-hashing-facts.md). Past u32 no vocabulary reaches, whatever the model."""
-    bound = vocab_size or U32_IDS
-    if prompt and (min(prompt) < 0 or max(prompt) >= bound):
-        bad = next(t for t in prompt if not 0 <= t < bound)
-        where = f"the model's vocabulary [0, {vocab_size})" if vocab_size else "[0, 2**32)"
-        raise _bad(f"prompt token id {bad} is outside {where}")
-    return prompt
+    def _url(self, w: Worker, path: str) -> URL:
+        url = self._urls.get((w.url, path))
+        if url is None:
+            url = self._urls[(w.url, path)] = URL(f"{w.url}{path}")
+        return url
 
 
-def _bad(message: str) -> Rejected:
-    return Rejected(Refusal.BAD_REQUEST, 400, message)
-
-
-def _kind(value: Any) -> str:
-    """A JSON value's type as a client would name it."""
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
-            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+async def _abort(request: web.Request, out: web.StreamResponse, message: str) -> None:
+    """An error event (what OpenAI clients raise on), then the connection closed without the chunked
+    body's end, so a client that reads only the HTTP framing sees the answer cut short too."""
+    event = _json.encode({"error": {"message": message, "type": "upstream_error", "param": None, "code": 502}})
+    await out.write(b"data: " + event + b"\n\n")
+    if request.transport is not None:
+        request.transport.close()  # written out first, then closed: aiohttp's own end of the body is never sent
 
 
 def _transport(exc: BaseException, timeout_s: float) -> str:

@@ -57,6 +57,7 @@ class Gateway:
 
     async def stop(self) -> None:
         await self.fleet.stop()
+        self.proxy.close()
         if self._client is not None:
             await self._client.close()
         if self.tracing is not None:
@@ -68,7 +69,7 @@ class Gateway:
         views = []
         for w in list(self.fleet.workers.values()):
             lag = w.feeds.lag_s() if w.feeds is not None else None
-            views.append(WorkerView(w.id, w.state, w.in_flight, w.healthy and now >= w.open_until, w.draining,
+            views.append(WorkerView(w.id, w.state, w.in_flight, w.healthy and w.breaker.closed(now), w.draining,
                                     self.fleet.indexed_blocks(w), self.fleet.digest(w),
                                     w.feeds.totals() if w.feeds is not None else FeedCounters(), lag,
                                     w.precision))

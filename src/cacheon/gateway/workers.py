@@ -12,9 +12,10 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from cacheon.gateway.breaker import Breaker
 from cacheon.gateway.config import WorkerSpec
 from cacheon.gateway.feeds import WorkerFeeds
-from cacheon.gateway.http import CallError, get_json
+from cacheon.gateway.http import CallError, call_json, get_json
 from cacheon.gateway.precision import Precision
 from cacheon.kv.feed import FeedCounters
 
@@ -60,6 +61,7 @@ class Discovery:
     max_running: int | None = None  # sequences one DP rank runs at once, as the scheduler reports it
     cache_report: bool = True  # --enable-cache-report: OpenAI usage carries cached_tokens (absent: assumed on)
     speculative: str | None = None  # --speculative-algorithm (EAGLE variants key pages by token bigrams)
+    max_model_len: int | None = None  # the context length in tokens (``/v1/models``); None: not reported
 
 
 class DiscoveryError(Exception):
@@ -76,9 +78,10 @@ async def discover(client: aiohttp.ClientSession, url: str, timeout_s: float) ->
         info = await get_json(client, f"{url}/server_info", timeout_s, fallbacks=(f"{url}/get_server_info",))
         model = await get_json(client, f"{url}/model_info", timeout_s, fallbacks=(f"{url}/get_model_info",))
         kv = info.get("kv_events")
+        served = str(info.get("served_model_name") or model["model_path"])
         return Discovery(
             version=str(info["version"]),
-            model=str(info.get("served_model_name") or model["model_path"]),
+            model=served,
             page_size=int(kv["block_size"] if kv else info.get("page_size") or 1),
             dp_size=int(kv["dp_size"] if kv else info.get("dp_size") or 1),
             kv_port=int(kv["endpoint_port_base"]) if kv else None,
@@ -86,9 +89,25 @@ async def discover(client: aiohttp.ClientSession, url: str, timeout_s: float) ->
             max_running=_max_running(info),
             cache_report=info.get("enable_cache_report") is not False,
             speculative=str(info["speculative_algorithm"]) if info.get("speculative_algorithm") else None,
+            max_model_len=await _max_model_len(client, url, served, timeout_s),
         )
     except (CallError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DiscoveryError(f"{url}: cannot discover the worker: {exc}") from None
+
+
+async def _max_model_len(client: aiohttp.ClientSession, url: str, model: str, timeout_s: float) -> int | None:
+    """The served model's ``max_model_len`` in ``/v1/models`` (SGLang's context length); None where it is
+    not said: the bound on prompts is optional, discovery does not fail on it."""
+    try:
+        status, got = await call_json(client, "GET", f"{url}/v1/models", timeout_s)
+    except CallError:
+        return None
+    cards = got.get("data") if status == 200 and isinstance(got, dict) else None
+    for card in cards if isinstance(cards, list) else ():
+        if isinstance(card, dict) and card.get("id") == model:
+            value = card.get("max_model_len")
+            return value if type(value) is int and value > 0 else None
+    return None
 
 
 def _max_running(info: dict[str, Any]) -> int | None:
@@ -134,8 +153,7 @@ class Worker:
     healthy: bool = True
     draining: bool = False
     in_flight: int = 0
-    failures: int = 0
-    open_until: float = 0.0
+    breaker: Breaker = field(default_factory=Breaker)
     feeds: WorkerFeeds | None = None
     seen_resets: int = 0
     seen_rejects: int = 0
@@ -163,13 +181,7 @@ class Worker:
 
     def available(self, now: float) -> bool:
         """May take a new request: healthy, not draining, breaker closed."""
-        return self.healthy and not self.draining and now >= self.open_until
-
-    def failed(self, threshold: int, open_s: float) -> None:
-        """One more consecutive failure; the ``threshold``-th opens the breaker for ``open_s``."""
-        self.failures += 1
-        if self.failures >= threshold:
-            self.open_until = time.time() + open_s
+        return self.healthy and not self.draining and self.breaker.closed(now)
 
     def feed_totals(self) -> FeedCounters:
         return self.feeds.totals() if self.feeds else FeedCounters()

@@ -40,6 +40,7 @@ CacheFactory = Callable[[int, int], SimCache]  # page size, capacity in tokens -
 # From 0.5.22 the /server_info ``kv_events`` descriptor also names the replay ROUTER's base port
 # (runtime_context.py ``describe_kv_events_publisher``); before, only ``kv_events_config`` does.
 REPLAY_ADVERTISED_FROM = Version("0.5.22")
+MAX_MODEL_LEN = 1 << 20  # the context length reported (/v1/models, /v1/tokenize)
 
 FAULTS = ("tokenize_drift", "tokenize_500", "no_echo", "wrong_echo", "rank_lie", "geometry_lie", "version_lie",
           "wire_lie", "generate_500", "silent_flush")
@@ -273,7 +274,8 @@ def build_app(sim: SimWorker) -> Starlette:
         return Response(status_code=200)
 
     async def models(_: Request) -> Response:
-        card = {"id": s.model, "object": "model", "created": 0, "owned_by": "sglang", "root": s.model}
+        card = {"id": s.model, "object": "model", "created": 0, "owned_by": "sglang", "root": s.model,
+                "max_model_len": MAX_MODEL_LEN}
         return JSONResponse({"object": "list", "data": [card]})
 
     async def tokenize(request: Request) -> Response:
@@ -283,7 +285,7 @@ def build_app(sim: SimWorker) -> Starlette:
             ids = sim.tokenize(await body_of(request))
         except (ValueError, KeyError, UsageError) as exc:
             return _error(400, str(exc))
-        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": 1 << 20})
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": MAX_MODEL_LEN})
 
     async def generate_openai(request: Request, chat: bool) -> Response:
         if s.fault == "generate_500":

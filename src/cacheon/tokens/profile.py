@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 
 from cacheon.errors import UsageError
 from cacheon.tokens.model_dir import TOKENIZER_FILE, read_model_dir
-from cacheon.tokens.windows import Affixes, WindowEncoder, affixes, anchors
+from cacheon.tokens.windows import Affixes, WindowEncoder, affixes, anchors, encode_ids
 
 
 @dataclass(frozen=True)
@@ -103,8 +103,7 @@ class TokenizerProfile:
     def encode(self, text: str) -> list[int]:
         """Plain encoding with the tokenizer's own special-token rule (SGLang ``/generate``)."""
         if self._affixes is None:
-            ids: list[int] = self.tokenizer.encode(text).ids
-            return ids
+            return encode_ids(self.tokenizer, text, add_special_tokens=True)
         return self.windows.encode(text, self._affixes)
 
     def encode_completion(self, prompt: str) -> list[int]:

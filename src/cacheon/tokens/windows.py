@@ -32,6 +32,7 @@ from cacheon.tokens.lru import BoundedLRU
 
 Affixes = tuple[Segment, Segment]
 WindowKey = tuple[int | None, int | None, str]  # previous anchor id, next anchor id, window text
+LONG_TEXT = 1 << 16  # characters past which encoding lets go of the GIL (encode_ids)
 STEM_PROBES = 16  # anchors tried from a prompt's end when looking for the earlier prompt it extends
 
 
@@ -98,6 +99,17 @@ def _strip(key: WindowKey, ids: list[int]) -> Segment | None:
     return tuple(ids[1:] if prev is not None else ids)
 
 
+def encode_ids(tokenizer: Tokenizer, text: str, add_special_tokens: bool = False) -> list[int]:
+    """``tokenizer.encode(text).ids``. A long text goes through ``encode_batch``, which lets go of the GIL
+    while it runs (``encode`` holds it throughout): the gateway tokenizes long prompts on a thread of
+    their own, and its event loop must go on running meanwhile."""
+    if len(text) > LONG_TEXT:
+        batch: list[int] = tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        return batch
+    ids: list[int] = tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+    return ids
+
+
 def _stem_key(head: Segment, text: str, end: int) -> tuple[Segment, int, str]:
     """A stem's LRU key: leading affix, text length, its last characters (the whole text is compared on a hit)."""
     return head, end, text[max(0, end - 32) : end]
@@ -136,7 +148,7 @@ class WindowEncoder:
         """``affix[0] + encode(text).ids + affix[1]``; a ``Tokens`` when built from cached windows."""
         tokens = self._cached(text, affix) if self.enabled else None
         if tokens is None:
-            return [*affix[0], *self.tokenizer.encode(text, add_special_tokens=False).ids, *affix[1]]
+            return [*affix[0], *encode_ids(self.tokenizer, text), *affix[1]]
         return tokens
 
     def _cached(self, text: str, affix: Affixes) -> Tokens | None:
@@ -209,7 +221,7 @@ class WindowEncoder:
         self.hits += len(keys) - len(missing)
         self.misses += len(missing)
         for key in missing:
-            ids = _strip(key, self.tokenizer.encode(key[2], add_special_tokens=False).ids)
+            ids = _strip(key, encode_ids(self.tokenizer, key[2]))
             if ids is None:
                 self.fallbacks += 1
                 return None

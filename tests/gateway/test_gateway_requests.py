@@ -1,0 +1,301 @@
+"""Requests the gateway must refuse or survive, and workers that misbehave, over real HTTP.
+
+Gateways are served in this process (tests/gateway/inproc.py); the workers are ``StandIn``s, plain
+aiohttp servers that answer SGLang's discovery routes and then misbehave on purpose (a truncated
+answer, a stream cut mid-way), which neither SGLang nor the simulator does on request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+from aiohttp import web
+
+from cacheon.gateway import logs
+from cacheon.gateway.config import WorkerSpec
+from cacheon.sim.launch import wait_until
+from cacheon.sim.tokenizer import gateway_model
+from cacheon.tokens.profile import TokenizerProfile
+from tests.gateway.inproc import InProcessGateway, LoopThread
+
+pytestmark = pytest.mark.timeout(120)
+ANSWER = {"choices": [{"text": " ok", "index": 0, "finish_reason": "stop"}],
+          "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+
+class StandIn:
+    """A worker over real HTTP: discovery, health, and completions answered as ``mode`` says:
+    ``ok``, ``truncated`` (a 200 whose JSON stops half-way) or ``dies`` (a stream cut after one event)."""
+
+    def __init__(self, loop: LoopThread, mode: str = "ok", max_model_len: int = 1 << 20) -> None:
+        self.mode, self.max_model_len = mode, max_model_len
+        self.bodies: list[bytes] = []
+        self._loop = loop
+
+        async def server_info(_: web.Request) -> web.Response:
+            return web.json_response({"version": "0.5.23", "served_model_name": "demo", "page_size": 1})
+
+        async def model_info(_: web.Request) -> web.Response:
+            return web.json_response({"model_path": "demo"})
+
+        async def models(_: web.Request) -> web.Response:
+            return web.json_response({"object": "list", "data": [{"id": "demo", "max_model_len": self.max_model_len}]})
+
+        async def health(_: web.Request) -> web.Response:
+            return web.json_response({})
+
+        async def answer(request: web.Request) -> web.StreamResponse:
+            self.bodies.append(await request.read())
+            if self.mode == "truncated":
+                return web.Response(body=msgspec.json.encode(ANSWER)[:20], content_type="application/json")
+            if self.mode != "dies":
+                return web.json_response(ANSWER)
+            out = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await out.prepare(request)
+            await out.write(b'data: {"choices": [{"text": " a", "index": 0}]}\n\n')
+            assert request.transport is not None
+            request.transport.abort()  # the engine process died: no more bytes, no chunked end
+            return out
+
+        async def start() -> str:
+            app = web.Application(client_max_size=64 << 20)
+            for path, handler in (("/server_info", server_info), ("/model_info", model_info), ("/v1/models", models),
+                                  ("/health", health)):
+                app.router.add_get(path, handler)
+            for path in ("/v1/completions", "/v1/chat/completions", "/generate"):
+                app.router.add_post(path, answer)
+            self._runner = web.AppRunner(app)
+            await self._runner.setup()
+            await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+            return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+
+        self.url: str = loop.call(start())
+
+    def close(self) -> None:
+        self._loop.call(self._runner.cleanup())
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[LoopThread]:
+    thread = LoopThread()
+    yield thread
+    thread.close()
+
+
+@pytest.fixture
+def gateway(loop: LoopThread, tmp_path: Path) -> Iterator[Any]:
+    """``gateway(raw config, *workers)``: an in-process gateway over stand-ins, its workers discovered."""
+    made: list[Any] = []
+
+    def make(raw: dict[str, Any], *workers: StandIn) -> InProcessGateway:
+        made.extend(workers)
+        gw = InProcessGateway(loop, {"policy": "rr", "workers": [{"url": w.url} for w in workers], **raw}, tmp_path)
+        made.append(gw)
+        fleet = gw.gateway.fleet
+        wait_until(lambda: all(w.discovery is not None for w in fleet.workers.values()), "discovery", 10)
+        return gw
+
+    yield make
+    for thing in reversed(made):
+        thing.close()
+
+
+def post(gw: InProcessGateway, path: str, body: bytes | dict[str, Any], timeout: float = 30) -> httpx.Response:
+    content = body if isinstance(body, bytes) else msgspec.json.encode(body)
+    return httpx.post(f"{gw.url}{path}", content=content, headers={"content-type": "application/json"},
+                      timeout=timeout)
+
+
+def error_of(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    error: dict[str, Any] = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def test_deep_nesting_is_an_openai_400_wherever_it_is(loop: LoopThread, gateway: Any) -> None:
+    worker = StandIn(loop)
+    gw = gateway({}, worker)
+    deep = b"[" * 5000 + b"]" * 5000
+    for body in (b'{"model": "demo", "prompt": "x", "anything": ' + deep + b"}",  # a field the gateway skips
+                 b'{"model": "demo", "prompt": "x", "n": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5001):
+        assert "nested too deeply" in error_of(post(gw, "/v1/completions", body), 400)["message"]
+    typed = error_of(post(gw, "/v1/completions", b'{"model": "demo", "prompt": ' + deep + b"}"), 400)
+    assert typed["message"].startswith("'prompt' must be a string")  # a typed field's depth is its type's
+    # Chat content the gateway decodes whole: bounded well before the decoder's own limit.
+    content = [{"type": "text", "text": "x", "more": [[[]]]}]
+    for _ in range(40):
+        content = [{"type": "text", "parts": content}]  # type: ignore[dict-item]
+    chat = {"model": "demo", "messages": [{"role": "user", "content": content}]}
+    assert "nested more than 32 deep" in error_of(post(gw, "/v1/chat/completions", chat), 400)["message"]
+    assert worker.bodies == []
+
+
+def test_token_ids_past_the_vocabulary_are_refused_under_every_policy(loop: LoopThread, gateway: Any,
+                                                                      profile: tuple[Path, Path]) -> None:
+    worker = StandIn(loop)
+    rr = gateway({}, worker)
+    bad = [("/v1/completions", {"model": "demo", "prompt": [[2**32 + 5]]}),  # batched
+           ("/v1/completions", {"model": "demo", "prompt": [1, 2, -1]}),
+           ("/v1/completions", {"model": "demo", "prompt": [[1, 2], [3, 2**64 + 1]]}),
+           ("/generate", {"input_ids": [[1], [2**40]]}),
+           ("/generate", {"input_ids": [2**32]})]
+    for path, body in bad:
+        assert "is outside [0, 2**32)" in error_of(post(rr, path, body), 400)["message"], body
+    assert worker.bodies == []
+    assert post(rr, "/v1/completions", {"model": "demo", "prompt": [[1, 2], [3]]}).status_code == 200
+    mixed = error_of(post(rr, "/v1/completions", {"model": "demo", "prompt": [1, "two"]}), 400)["message"]
+    assert mixed.startswith("'prompt' must be a string, a list of strings")
+
+
+def test_prompts_are_bounded_by_the_models_context(loop: LoopThread, gateway: Any,
+                                                   profile: tuple[Path, Path]) -> None:
+    worker = StandIn(loop, max_model_len=64)
+    models = {"models": {"demo": gateway_model(*profile)}}
+    rr = gateway(models, worker)
+    assert rr.gateway.fleet.workers["w0"].discovery.max_model_len == 64  # type: ignore[union-attr]
+    longest = max(map(len, rr.gateway.profiles["demo"].tokenizer.get_vocab()))
+    # Too long in characters to fit, whatever it tokenizes to: refused before tokenizing, by any policy.
+    too_long = {"model": "demo", "prompt": "y" * (64 * longest + 1)}
+    assert error_of(post(rr, "/v1/completions", too_long), 400)["code"] == "context_length_exceeded"
+    ids = {"model": "demo", "prompt": list(range(65))}
+    assert error_of(post(rr, "/v1/completions", ids), 400)["code"] == "context_length_exceeded"
+    chat = {"model": "demo", "messages": [{"role": "user", "content": "z" * (64 * longest + 1)}]}
+    assert error_of(post(rr, "/v1/chat/completions", chat), 400)["code"] == "context_length_exceeded"
+    assert worker.bodies == []
+    # Short in characters, past the context in tokens: refused once tokenized (a policy that tokenizes).
+    approx = gateway({"policy": "approx", **models}, StandIn(loop, max_model_len=64))
+    words = {"model": "demo", "prompt": " ".join(f"w{i}" for i in range(80))}
+    assert "longer than the model's context of 64" in error_of(post(approx, "/v1/completions", words), 400)["message"]
+    assert post(approx, "/v1/completions", {"model": "demo", "prompt": "a short one"}).status_code == 200
+
+
+def test_a_long_prompt_tokenizes_off_the_event_loop(loop: LoopThread, gateway: Any,
+                                                    profile: tuple[Path, Path]) -> None:
+    gw = gateway({"policy": "approx", "models": {"demo": gateway_model(*profile)}, "max_body_bytes": 8 << 20},
+                 StandIn(loop))
+    text = "Every sentence here is new to the tokenizer, number %d. " * 8_000  # ~450 kB
+    alone = TokenizerProfile(gw.gateway.cfg.models["demo"])  # its own caches: the gateway's stay cold
+    started = time.perf_counter()
+    alone.encode_completion(text % tuple(range(8_000)))
+    tokenizing = time.perf_counter() - started
+    done = threading.Event()
+
+    async def longest_gap() -> float:
+        """The longest the gateway's event loop went without running a 5 ms timer (what /livez would wait)."""
+        gap, last = 0.0, time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.005)
+            now = time.perf_counter()
+            gap, last = max(gap, now - last), now
+        return gap
+
+    gaps = asyncio.run_coroutine_threadsafe(longest_gap(), loop.loop)
+    try:
+        answer = post(gw, "/v1/completions", {"model": "demo", "prompt": text % tuple(range(1, 8_001))})
+    finally:
+        done.set()
+    assert answer.status_code == 200 and httpx.get(f"{gw.url}/livez").status_code == 200
+    # Same-run ratio: tokenized on the event loop, the loop would stall for the whole tokenization.
+    assert gaps.result(10) < tokenizing / 4, (gaps.result(), tokenizing)
+
+
+def test_an_unknown_model_is_404_under_rr_and_logs_carry_a_bounded_model(loop: LoopThread, gateway: Any,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    gw = gateway({}, StandIn(loop))
+    huge = "m" * 100_000
+    with caplog.at_level(logging.INFO, logger="cacheon.access"):
+        assert error_of(post(gw, "/v1/completions", {"model": "nope", "prompt": "x"}), 404)["code"] == "model_not_found"
+        message = error_of(post(gw, "/v1/completions", {"model": huge, "prompt": "x"}), 404)["message"]
+        assert post(gw, "/v1/completions", {"model": "demo", "prompt": "x"}).status_code == 200
+    assert len(message) < 400
+    lines = [r for r in caplog.records if r.name == "cacheon.access"]
+    assert [r.fields["status"] for r in lines] == [404, 404, 200]  # type: ignore[attr-defined]
+    models = [r.fields["model"] for r in lines]  # type: ignore[attr-defined]
+    assert models[0] == "nope" and models[1].startswith("mmm") and len(models[1]) < 400
+
+
+def test_a_worker_dying_mid_stream_leaves_an_error_and_an_unfinished_stream(loop: LoopThread, gateway: Any) -> None:
+    gw = gateway({}, StandIn(loop, mode="dies"))
+    body = {"model": "demo", "prompt": "x", "stream": True}
+    events: list[str] = []
+    with pytest.raises(httpx.RemoteProtocolError), httpx.stream(  # the body's chunked framing never ends
+            "POST", f"{gw.url}/v1/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200
+        events.extend(line for line in r.iter_lines() if line)
+    assert events[0].startswith('data: {"choices"')
+    error = msgspec.json.decode(events[-1].removeprefix("data: "))["error"]
+    assert error["type"] == "upstream_error" and "mid-stream" in error["message"]
+    assert gw.gateway.fleet.workers["w0"].breaker.failures == 1
+
+
+def test_a_malformed_json_answer_is_retried_elsewhere_and_counted(loop: LoopThread, gateway: Any) -> None:
+    bad, good = StandIn(loop, mode="truncated"), StandIn(loop)
+    gw = gateway({"breaker_failures": 100}, bad, good)
+    for _ in range(4):
+        r = post(gw, "/v1/completions", {"model": "demo", "prompt": "x"})
+        assert r.status_code == 200 and r.json() == ANSWER and r.headers["x-cacheon-worker"] == good.url
+    assert len(bad.bodies) == 2 and gw.gateway.fleet.workers["w0"].breaker.failures == 2
+    alone = gateway({}, StandIn(loop, mode="truncated"))
+    assert error_of(post(alone, "/v1/completions", {"model": "demo", "prompt": "x"}), 502)["type"] == "upstream_error"
+
+
+def test_a_gateway_that_is_its_own_worker_refuses_the_loop(loop: LoopThread, gateway: Any) -> None:
+    gw = gateway({"request_timeout_s": 5})
+
+    async def add_itself() -> None:
+        gw.gateway.fleet.add(WorkerSpec(url=gw.url))
+
+    loop.call(add_itself())
+    error = error_of(post(gw, "/v1/completions", {"model": "demo", "prompt": "x"}, timeout=20), 508)
+    assert error["code"] == "loop_detected"
+
+
+def test_requests_the_http_parser_refuses_get_openai_errors(gateway: Any) -> None:
+    gw = gateway({})
+    host, port = gw.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+        head, _, body = s.makefile("rb").read().partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"400" and b"content-type: application/json" in head.lower()
+    assert set(msgspec.json.decode(body)["error"]) == {"message", "type", "param", "code"}
+    r = httpx.get(f"{gw.url}/livez", headers={"x-long": "a" * 9000})  # past aiohttp's 8190-byte header line
+    assert error_of(r, 400)["message"].startswith("the request could not be read: Got more than 8190 bytes")
+    assert len(r.json()["error"]["message"]) < 400  # what the client sent is clipped
+
+
+@pytest.fixture
+def json_logs() -> Iterator[None]:
+    logs.configure("info", "json")
+    yield
+    logs.stop()
+    for name in logs.ROUTED:  # as before configure: records propagate to the root (and caplog)
+        logger = logging.getLogger(name)
+        logger.handlers[:], logger.propagate = [], True
+        logger.setLevel(logging.NOTSET)
+
+
+def test_aiohttp_tracebacks_go_through_the_json_formatter(json_logs: None) -> None:
+    server = logging.getLogger("aiohttp.server")  # where aiohttp logs a request it could not handle
+    handlers = [h for name in ("aiohttp", "asyncio") for h in logging.getLogger(name).handlers]
+    assert handlers == logging.getLogger("cacheon").handlers * 2 and not logging.getLogger("aiohttp").propagate
+    try:
+        raise ValueError("a parser's failure")
+    except ValueError:
+        record = server.makeRecord(server.name, logging.ERROR, __file__, 1, "Error handling request", (),
+                                   sys.exc_info())
+    line = msgspec.json.decode(handlers[0].format(record))
+    assert (line["logger"], line["level"]) == ("aiohttp.server", "error")
+    assert "ValueError: a parser's failure" in line["exception"]
