@@ -27,7 +27,7 @@ from cacheon.gateway.config import GatewayConfig, WorkersDns, WorkerSpec
 from cacheon.gateway.feeds import WorkerFeeds
 from cacheon.gateway.http import TRANSPORT_ERRORS
 from cacheon.gateway.policy import Policy
-from cacheon.gateway.workers import FenceReason, Worker, WorkerState, discover
+from cacheon.gateway.workers import Endpoint, FenceReason, Worker, WorkerState, discover, endpoints, is_self
 from cacheon.kv.contracts import by_id
 from cacheon.kv.feed import Source
 from cacheon.kv.index import PrefixIndex
@@ -45,6 +45,7 @@ class Fleet:
         self.cfg, self.profiles, self.index, self.chains, self.policy = cfg, profiles, index, chains, policy
         self.echoes = Echoes()
         self.workers: dict[str, Worker] = {}
+        self.own: list[Endpoint] = []  # the gateway's own bound listeners: never a worker
         self._client: aiohttp.ClientSession | None = None
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -55,8 +56,11 @@ class Fleet:
 
     async def start(self, client: aiohttp.ClientSession) -> None:
         self._client = client
-        for spec in self.cfg.workers:
-            self.add(spec)
+        for i, spec in enumerate(self.cfg.workers):
+            try:
+                await self.add(spec)
+            except UsageError as exc:
+                raise UsageError(f"workers[{i}]: {exc}") from None
         for dns in self.cfg.workers_dns:
             self._spawn(self._dns_loop(dns))
         self._spawn(self._health_loop())
@@ -79,16 +83,66 @@ class Fleet:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def add(self, spec: WorkerSpec, origin: str = "config") -> Worker:
+    async def add(self, spec: WorkerSpec, origin: str = "config") -> Worker:
+        """Register and attest a worker; UsageError for the gateway itself or an engine already registered
+        (under this URL or another that resolves to the same address and port)."""
+        found = await endpoints(spec.url)
+        refused = self._refusal(spec, found, list(self.workers.values()))
+        if refused is not None:
+            raise UsageError(refused)
+        return self._register(spec, found, origin)
+
+    def _refusal(self, spec: WorkerSpec, found: frozenset[Endpoint], others: list[Worker]) -> str | None:
+        if is_self(found, self.own):
+            return f"{spec.url} is this gateway's own listener: requests would loop through it"
+        same = next((w for w in others if w.url == spec.url or (spec.id is not None and w.id == spec.id)), None)
+        if same is not None:
+            return f"worker {same.id} ({same.url}) is already registered"
+        same = next((w for w in others if w.endpoints & found), None)
+        if same is not None:
+            address, port = sorted(same.endpoints & found)[0]
+            return (f"{spec.url} is worker {same.id or '(new)'} ({same.url}) under another name: both reach "
+                    f"{f'[{address}]' if ':' in address else address}:{port}")
+        return None
+
+    def _register(self, spec: WorkerSpec, found: frozenset[Endpoint], origin: str) -> Worker:
         wid = spec.id or f"w{next(self._ids)}"
-        while wid in self.workers and spec.id is None:
+        while wid in self.workers:
             wid = f"w{next(self._ids)}"
-        if wid in self.workers or any(w.url == spec.url for w in self.workers.values()):
-            raise UsageError(f"worker {wid} ({spec.url}) is already registered")
-        worker = self.workers[wid] = Worker(wid, spec, origin=origin)
+        worker = self.workers[wid] = Worker(wid, spec, endpoints=found, origin=origin)
         log.info(f"worker {wid} added", extra={"fields": {"worker": wid, "url": spec.url, "origin": origin}})
         self._spawn(self.attest(worker))
         return worker
+
+    async def reconcile(self, specs: list[WorkerSpec]) -> tuple[list[Worker], list[tuple[WorkerSpec, frozenset[Endpoint]]]]:
+        """What making the configured workers ``specs`` takes: the workers to remove and the specs to add,
+        every addition checked as ``add`` checks it (UsageError naming its entry); nothing changes here."""
+        gone = [w for w in self.workers.values() if w.origin == "config" and w.spec not in specs]
+        kept = {w.spec for w in self.workers.values() if w.origin == "config" and w not in gone}
+        others = [w for w in self.workers.values() if w not in gone]
+        new = []
+        for i, spec in enumerate(specs):
+            if spec in kept:
+                continue
+            found = await endpoints(spec.url)
+            refused = self._refusal(spec, found, others)
+            if refused is not None:
+                raise UsageError(f"workers[{i}]: {refused}")
+            others.append(Worker(spec.id or "", spec, endpoints=found))
+            new.append((spec, found))
+        return gone, new
+
+    async def apply(self, gone: list[Worker], new: list[tuple[WorkerSpec, frozenset[Endpoint]]]) -> list[Worker]:
+        """``reconcile``'s plan. The gone workers drain (no new requests from now on) and are removed in the
+        background, except one whose id a new entry takes: that one is removed first."""
+        reused = {spec.id for spec, _ in new}
+        for worker in gone:
+            worker.draining = True
+            if worker.id in reused:
+                await self.remove(worker)
+            else:
+                self._spawn(self.remove(worker))
+        return [self._register(spec, found, "config") for spec, found in new]
 
     async def drain(self, worker: Worker, deadline_s: float | None = None) -> bool:
         """No new requests from now on; wait up to ``deadline_s`` for those in flight. Whether none are left."""
@@ -122,8 +176,8 @@ class Fleet:
                 urls = {f"{dns.scheme}://{f'[{h}]' if ':' in h else h}:{dns.port}" for h in hosts}
                 known = {w.url: w for w in self.workers.values() if w.origin == origin}
                 for url in sorted(urls - set(known)):
-                    with contextlib.suppress(UsageError):  # the same URL configured statically
-                        self.add(WorkerSpec(url=url), origin)
+                    with contextlib.suppress(UsageError):  # the same engine configured statically
+                        await self.add(WorkerSpec(url=url), origin)
                 for url in sorted(set(known) - urls):
                     self._spawn(self.remove(known[url]))
             await asyncio.sleep(dns.interval_s)

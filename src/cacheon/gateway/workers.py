@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import json
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -60,6 +63,49 @@ class Discovery:
     max_running: int | None = None  # sequences one DP rank runs at once, as the scheduler reports it
     cache_report: bool = True  # --enable-cache-report: OpenAI usage carries cached_tokens (absent: assumed on)
     speculative: str | None = None  # --speculative-algorithm (EAGLE variants key pages by token bigrams)
+
+
+Endpoint = tuple[str, int]  # an IP address and a TCP port
+
+
+async def endpoints(url: str, timeout_s: float = 5.0) -> frozenset[Endpoint]:
+    """Every (address, port) ``url``'s host resolves to: one engine's identity on the network, whatever
+    alias names it. Empty when the name does not resolve (yet): nothing to compare then."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(
+            parts.hostname, port, type=socket.SOCK_STREAM), timeout_s)
+    except (OSError, asyncio.TimeoutError):
+        return frozenset()
+    return frozenset((str(info[4][0]).split("%")[0], port) for info in infos)
+
+
+def _local(address: str) -> bool:
+    """Whether ``address`` is one of this machine's (it can be bound here)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
+def is_self(found: frozenset[Endpoint], own: list[Endpoint]) -> bool:
+    """Whether an endpoint of ``found`` is one the gateway itself listens on (``own``: its bound listeners;
+    an unspecified host, ``0.0.0.0`` or ``::``, listens on every local address)."""
+    for address, port in found:
+        ip = ipaddress.ip_address(address)
+        for host, own_port in own:
+            if port != own_port:
+                continue
+            if host in ("0.0.0.0", "::"):
+                if ip.is_unspecified or _local(address):
+                    return True
+            elif address == host or ip.is_unspecified or (host == "localhost" and ip.is_loopback):
+                return True
+    return False
 
 
 class DiscoveryError(Exception):
@@ -139,6 +185,7 @@ class Worker:
     feeds: WorkerFeeds | None = None
     seen_resets: int = 0
     seen_rejects: int = 0
+    endpoints: frozenset[Endpoint] = frozenset()  # what its URL resolved to when it was added
     origin: str = "config"  # config, admin, or dns:NAME (workers a DNS name stops returning are removed)
     precision: Precision = field(default_factory=Precision)
 
