@@ -83,11 +83,14 @@ HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: appli
         ("traffic", HEAD, b"X-Slow: " + b"a" * 100),  # headers that keep coming, a byte at a time
         ("traffic", HEAD + b"Content-Length: 1000\r\n\r\n{\"model\"", b""),  # a body that never ends
         ("traffic", HEAD + b"Content-Length: 1000\r\n\r\n{\"model\"", b": " + b" " * 100),  # nor ends slowly
+        ("traffic", HEAD + b"Transfer-Encoding: chunked\r\n\r\n10\r\n{\"model\"", b""),  # chunks that never end
         ("traffic", b"GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", b""),  # idle after its answer
         ("admin", b"POST /workers HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   b"Content-Length: 100\r\n\r\n{", b""),
         ("admin", b"GET /workers HTTP/1.1\r\nHost: 127.0.0", b""),
     ],
+    ids=["partial-head", "trickled-head", "partial-body", "trickled-body", "partial-chunked-body", "idle-keep-alive", "admin-partial-body",
+         "admin-partial-head"],
 )
 def test_connections_that_never_finish_a_request_are_closed(gw: InProcessGateway, listener: str, opening: bytes,
                                                             trickle: bytes) -> None:
@@ -207,6 +210,9 @@ def test_the_traffic_port_status_shows_no_worker_urls_reasons_or_ids(gw: InProce
         ({**JSON, "host": "evil.example:8081"}, 403, "Host 'evil.example:8081' is not this loopback listener"),
         ({**JSON, "host": "evil.example:8081", "origin": "http://evil.example:8081"}, 403,
          "Host 'evil.example:8081' is not this loopback listener"),  # DNS rebinding: same-origin, wrong host
+        ({**JSON, "host": "127.0.0.1.evil.example"}, 403, "is not this loopback listener"),
+        ({**JSON, "host": "evil@127.0.0.1:8081"}, 403, "is not this loopback listener"),
+        ({**JSON, "host": "localhost.evil.example:8081"}, 403, "is not this loopback listener"),
     ],
 )
 def test_the_admin_api_refuses_what_a_web_page_can_send(gw: InProcessGateway, headers: dict[str, str], status: int,
@@ -223,6 +229,7 @@ def test_the_admin_api_takes_what_an_operator_sends(gw: InProcessGateway) -> Non
     admin = str(gw.admin_url)
     same_origin = {**JSON, "origin": admin, "sec-fetch-site": "same-origin"}  # a page the admin listener served
     assert _admin(gw, "GET", "/workers", headers=same_origin).status_code == 200
-    assert _admin(gw, "GET", "/status", headers={"host": f"localhost:{admin.rsplit(':', 1)[1]}"}).status_code == 200
+    for host in ("localhost", "127.0.0.1", "[::1]"):
+        assert _admin(gw, "GET", "/status", headers={"host": f"{host}:{admin.rsplit(':', 1)[1]}"}).status_code == 200
     r = _admin(gw, "POST", "/config/reload", headers=JSON)
     assert r.status_code == 409 and r.json()["error"]["code"] == "no_config_file"  # served without a file

@@ -19,7 +19,6 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import msgspec
 from aiohttp import web
@@ -161,11 +160,9 @@ def _browser_refusal(request: web.Request, loopback: bool) -> str | None:
     if site is not None and site not in ("same-origin", "none"):
         return f"a {site[:20]} request from a web page"
     if loopback:
-        try:
-            host = urlsplit(f"//{request.host}").hostname or ""
-        except ValueError:
-            host = ""
-        if not is_loopback(host):
+        host, sep, port = request.host.rpartition(":")
+        host = host if sep and port.isdigit() else request.host  # without a port
+        if not is_loopback(host.removeprefix("[").removesuffix("]")):
             return f"Host {request.host[:100]!r} is not this loopback listener"
     return None
 
