@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 
 from cacheon.commands._output import add_subcommands, print_json
+from cacheon.errors import UsageError
 
 ENV_HELP = ("Environment variables override config keys: CACHEON_GATEWAY_ and the key's path in capitals, __ between "
             "levels (CACHEON_GATEWAY_POLICY=rr, CACHEON_GATEWAY_ADMIN__TOKEN=...); values are read as YAML.")
@@ -79,12 +80,16 @@ def _serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        reloads: set[asyncio.Task[object]] = set()
+        reloads: set[asyncio.Task[None]] = set()
 
-        def reload() -> None:  # the outcome is logged by reload itself
-            task = loop.create_task(server.reload())
-            reloads.add(task)
-            task.add_done_callback(lambda t: (reloads.discard(t), t.cancelled() or t.exception()))
+        async def reload_logged() -> None:
+            with contextlib.suppress(UsageError):  # logged by reload, the running config kept
+                await server.reload()
+
+        def reload() -> None:
+            task = loop.create_task(reload_logged())
+            reloads.add(task)  # held until done: the loop keeps only a weak reference
+            task.add_done_callback(reloads.discard)
 
         loop.add_signal_handler(signal.SIGHUP, reload)
         try:

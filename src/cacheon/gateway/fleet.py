@@ -35,6 +35,7 @@ from cacheon.tokens.chains import ChainCache
 from cacheon.tokens.profile import TokenizerProfile
 
 log = logging.getLogger("cacheon.gateway")
+Admitted = tuple[WorkerSpec, frozenset[Endpoint]]  # a worker entry checked for adding, with what its URL reached
 
 
 class Fleet:
@@ -114,7 +115,7 @@ class Fleet:
         self._spawn(self.attest(worker))
         return worker
 
-    async def reconcile(self, specs: list[WorkerSpec]) -> tuple[list[Worker], list[tuple[WorkerSpec, frozenset[Endpoint]]]]:
+    async def reconcile(self, specs: list[WorkerSpec]) -> tuple[list[Worker], list[Admitted]]:
         """What making the configured workers ``specs`` takes: the workers to remove and the specs to add,
         every addition checked as ``add`` checks it (UsageError naming its entry); nothing changes here."""
         gone = [w for w in self.workers.values() if w.origin == "config" and w.spec not in specs]
@@ -132,7 +133,7 @@ class Fleet:
             new.append((spec, found))
         return gone, new
 
-    async def apply(self, gone: list[Worker], new: list[tuple[WorkerSpec, frozenset[Endpoint]]]) -> list[Worker]:
+    async def apply(self, gone: list[Worker], new: list[Admitted]) -> list[Worker]:
         """``reconcile``'s plan. The gone workers drain (no new requests from now on) and are removed in the
         background, except one whose id a new entry takes: that one is removed first."""
         reused = {spec.id for spec, _ in new}

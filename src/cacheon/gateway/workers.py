@@ -76,7 +76,7 @@ async def endpoints(url: str, timeout_s: float = 5.0) -> frozenset[Endpoint]:
     try:
         infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(
             parts.hostname, port, type=socket.SOCK_STREAM), timeout_s)
-    except (OSError, asyncio.TimeoutError):
+    except OSError:  # TimeoutError included
         return frozenset()
     return frozenset((str(info[4][0]).split("%")[0], port) for info in infos)
 
