@@ -233,3 +233,23 @@ def test_the_admin_api_takes_what_an_operator_sends(gw: InProcessGateway) -> Non
         assert _admin(gw, "GET", "/status", headers={"host": f"{host}:{admin.rsplit(':', 1)[1]}"}).status_code == 200
     r = _admin(gw, "POST", "/config/reload", headers=JSON)
     assert r.status_code == 409 and r.json()["error"]["code"] == "no_config_file"  # served without a file
+
+
+def test_a_missing_token_file_is_created_with_a_fresh_token_only_its_owner_reads(loop: LoopThread,
+                                                                                  tmp_path: Path) -> None:
+    path = tmp_path / "admin-token"
+    gateway = InProcessGateway(loop, {"policy": "rr", "admin": {"listen": "127.0.0.1:0", "token_file": str(path)}},
+                               tmp_path)
+    try:
+        token = path.read_text().strip()
+        assert len(token) >= 32 and (path.stat().st_mode & 0o777) == 0o600
+        assert httpx.get(f"{gateway.admin_url}/workers").status_code == 401
+        assert httpx.get(f"{gateway.admin_url}/workers", headers={"Authorization": f"Bearer {token}"}).json() == []
+    finally:
+        gateway.close()
+    again = InProcessGateway(loop, {"policy": "rr", "admin": {"listen": "127.0.0.1:0", "token_file": str(path)}},
+                             tmp_path)  # an existing file is read, never replaced
+    try:
+        assert path.read_text().strip() == token and again.server.token == token
+    finally:
+        again.close()

@@ -17,6 +17,7 @@ import asyncio
 import hmac
 import logging
 import os
+import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -130,13 +131,34 @@ def traffic_app(gw: Gateway) -> web.Application:
     ], client_max_size=cfg.max_body_bytes)
 
 
-def admin_token(cfg: GatewayConfig) -> str | None:
-    """The admin bearer token (config, or its file); None when none is set, refused off loopback."""
+def _new_token_file(path: Path) -> str:
+    """A fresh token in a new file only its owner can read (``O_EXCL``: never one that appeared meanwhile)."""
+    token = secrets.token_urlsafe(32)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise UsageError(f"admin.token_file: cannot create {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    log.warning(f"admin token created in {path} (mode 0600): send it as 'Authorization: Bearer <token>'",
+                extra={"fields": {"token_file": str(path)}})
+    return token
+
+
+def admin_token(cfg: GatewayConfig, create: bool = False) -> str | None:
+    """The admin bearer token (config, or its file); None when none is set, refused off loopback.
+    ``create`` (serving): a ``token_file`` that does not exist yet is created with a fresh token;
+    without it (checking a config) such a file gives None."""
     admin = cfg.admin
     token = admin.token
     if admin.token_file is not None:
+        path = Path(admin.token_file)
         try:
-            token = Path(admin.token_file).read_text().strip()
+            token = path.read_text().strip()
+        except FileNotFoundError:
+            if not create:
+                return None  # checking only: serving creates it, so there will be a token
+            token = _new_token_file(path)
         except OSError as exc:
             raise UsageError(f"admin.token_file: cannot read {admin.token_file}: {exc.strerror}") from None
         if not token:
@@ -292,7 +314,7 @@ class GatewayServer:
     def __init__(self, gw: Gateway, config: Path | None = None) -> None:
         self.gw = gw
         self.config = config
-        self.token = admin_token(gw.cfg)
+        self.token = admin_token(gw.cfg, create=True)
         self._runners: list[web.AppRunner] = []
         self._reloading = asyncio.Lock()
         self.addresses: dict[str, str] = {}

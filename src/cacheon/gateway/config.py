@@ -149,7 +149,8 @@ class AdminConfig(msgspec.Struct, **_CONFIG):
     listen: Annotated[str | None, Meta(
         description="`HOST:PORT` of the admin API; null: no admin listener")] = "127.0.0.1:8081"
     token: Annotated[str | None, Meta(description="bearer token the admin API requires (required off loopback)")] = None
-    token_file: Annotated[str | None, Meta(description="a file holding the token, instead of `token`")] = None
+    token_file: Annotated[str | None, Meta(description="a file holding the token, instead of `token`; serving creates "
+                                           "it with a fresh token (mode 0600) if it does not exist")] = None
 
     def __post_init__(self) -> None:
         if self.listen is not None:

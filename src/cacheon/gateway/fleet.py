@@ -115,23 +115,23 @@ class Fleet:
         self._spawn(self.attest(worker))
         return worker
 
-    async def reconcile(self, specs: list[WorkerSpec]) -> tuple[list[Worker], list[Admitted]]:
-        """What making the configured workers ``specs`` takes: the workers to remove and the specs to add,
-        every addition checked as ``add`` checks it (UsageError naming its entry); nothing changes here."""
-        gone = [w for w in self.workers.values() if w.origin == "config" and w.spec not in specs]
-        kept = {w.spec for w in self.workers.values() if w.origin == "config" and w not in gone}
+    async def reconcile(self, old: list[WorkerSpec], new: list[WorkerSpec]) -> tuple[list[Worker], list[Admitted]]:
+        """What the config's worker list going from ``old`` to ``new`` takes: the workers to remove (configured
+        entries that left it) and the entries to add, each checked as ``add`` checks it (UsageError naming
+        its entry). Workers added by the admin API or DNS stay; nothing changes here."""
+        gone = [w for w in self.workers.values() if w.origin == "config" and w.spec in old and w.spec not in new]
         others = [w for w in self.workers.values() if w not in gone]
-        new = []
-        for i, spec in enumerate(specs):
-            if spec in kept:
+        added = []
+        for i, spec in enumerate(new):
+            if spec in old:
                 continue
             found = await endpoints(spec.url)
             refused = self._refusal(spec, found, others)
             if refused is not None:
                 raise UsageError(f"workers[{i}]: {refused}")
             others.append(Worker(spec.id or "", spec, endpoints=found))
-            new.append((spec, found))
-        return gone, new
+            added.append((spec, found))
+        return gone, added
 
     async def apply(self, gone: list[Worker], new: list[Admitted]) -> list[Worker]:
         """``reconcile``'s plan. The gone workers drain (no new requests from now on) and are removed in the

@@ -112,7 +112,7 @@ class Gateway:
         if fixed:
             raise UsageError(f"{', '.join(fixed)}: fixed at start, restart the gateway to change "
                              f"{'it' if len(fixed) == 1 else 'them'}; nothing was applied")
-        gone, new = await self.fleet.reconcile(cfg.workers)
+        gone, new = await self.fleet.reconcile(self.cfg.workers, cfg.workers)
         self.cfg = self.fleet.cfg = cfg
         added = await self.fleet.apply(gone, new)
         return {"changed": changed, "workers_added": [w.id for w in added], "workers_removed": [w.id for w in gone]}
