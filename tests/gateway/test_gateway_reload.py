@@ -97,3 +97,11 @@ def test_sighup_and_the_admin_route_reload_what_they_can_and_keep_the_rest(
                                                      "workers_added": ["a"], "workers_removed": []}, r.text
         assert _ids(gw) == ["a", "b"]
         assert _reload(gw).json() == {"reloaded": True, "changed": [], "workers_added": [], "workers_removed": []}
+
+        # The file's diff is what a reload applies: a worker the admin API removed is not brought back by a
+        # reload that changed something else.
+        assert httpx.delete(f"{gw.admin_url}/workers/a", timeout=30).status_code == 200
+        _rewrite(gw, health_interval_s=0.4)
+        assert _reload(gw).json() == {"reloaded": True, "changed": ["health_interval_s"], "workers_added": [],
+                                      "workers_removed": []}
+        assert _ids(gw) == ["b"]
