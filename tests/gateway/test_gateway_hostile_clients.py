@@ -163,7 +163,8 @@ def _admin(gw: InProcessGateway, method: str, path: str, **kwargs: object) -> ht
 def test_the_gateway_refuses_itself_as_a_worker(gw: InProcessGateway, tmp_path: Path) -> None:
     port = gw.url.rsplit(":", 1)[1]
     admin_port = str(gw.admin_url).rsplit(":", 1)[1]
-    for url in (gw.url, f"http://localhost:{port}", f"http://0.0.0.0:{port}", str(gw.admin_url)):
+    for url in (gw.url, f"http://localhost:{port}", f"http://0.0.0.0:{port}", str(gw.admin_url),
+                f"http://[::ffff:127.0.0.1]:{port}", f"http://127.1:{port}", f"http://2130706433:{port}"):
         r = _admin(gw, "POST", "/workers", json={"url": url})
         assert r.status_code == 400 and "is this gateway's own listener" in r.json()["error"]["message"], (url, r.text)
     assert [w["id"] for w in _admin(gw, "GET", "/workers").json()] == ["rec"]
