@@ -90,6 +90,9 @@ def test_sighup_and_the_admin_route_reload_what_they_can_and_keep_the_rest(
             assert message in r.json()["error"]["message"], r.text
             assert _ids(gw) == ["b"]
 
+        gw.config.unlink()  # mid-edit, or moved away
+        r = _reload(gw)
+        assert r.status_code == 400 and f"cannot read config {gw.config}" in r.json()["error"]["message"], r.text
         gw.config.write_text(good)
         _rewrite(gw, workers=[{"url": b.url, "id": "b"}, {"url": a.url, "id": "a"}])
         r = _reload(gw)
