@@ -78,7 +78,15 @@ async def endpoints(url: str, timeout_s: float = 5.0) -> frozenset[Endpoint]:
             parts.hostname, port, type=socket.SOCK_STREAM), timeout_s)
     except OSError:  # TimeoutError included
         return frozenset()
-    return frozenset((str(info[4][0]).split("%")[0], port) for info in infos)
+    return frozenset((_unmapped(str(info[4][0])), port) for info in infos)
+
+
+def _unmapped(address: str) -> str:
+    """``address`` without an IPv6 zone, and an IPv4-mapped IPv6 address (``::ffff:127.0.0.1``) as the
+    IPv4 one it reaches."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return str(mapped or ip)
 
 
 def _local(address: str) -> bool:
@@ -100,8 +108,8 @@ def is_self(found: frozenset[Endpoint], own: list[Endpoint]) -> bool:
         for host, own_port in own:
             if port != own_port:
                 continue
-            if host in ("0.0.0.0", "::"):
-                if ip.is_unspecified or _local(address):
+            if host in ("0.0.0.0", "::"):  # every local address ("::" takes IPv4 too, dual-stack)
+                if (ip.version == 4 or host == "::") and (ip.is_unspecified or _local(address)):
                     return True
             elif address == host or ip.is_unspecified or (host == "localhost" and ip.is_loopback):
                 return True
