@@ -192,21 +192,44 @@ class Fleet:
         self._attesting.add(worker.id)
         try:
             if self.policy.attests:
-                async for rung in climb(self.client, worker, self.cfg, self.profiles, self.echoes, self.chains.chain):
-                    self._apply(worker, rung)
+                ladder = climb(self.client, worker, self.cfg, self.profiles, self.echoes, self.chains.chain)
+                async with contextlib.aclosing(ladder):
+                    async for rung in ladder:
+                        if not self._apply(worker, rung):
+                            break
                 worker.seen_resets, worker.seen_rejects = worker.resets(), worker.rejects()
             else:
                 with contextlib.suppress(Exception):
                     worker.discovery = await discover(self.client, worker.url, self.cfg.request_timeout_s)
+                    self._twin_fenced(worker)
         finally:
             self._attesting.discard(worker.id)
 
-    def _apply(self, worker: Worker, rung: Rung) -> None:
-        """One rung of the ladder: identity first (and the feeds it names), then the state."""
+    def _apply(self, worker: Worker, rung: Rung) -> bool:
+        """One rung of the ladder: identity first (and the feeds it names), then the state. False: the
+        worker is another's engine under a second URL, fenced, and the ladder stops."""
         if rung.discovery is not None:
             worker.contract_id, worker.discovery = rung.contract_id, rung.discovery
+            if self._twin_fenced(worker):
+                self._unsubscribe(worker)
+                return False
             self._subscribe(worker)
         worker.set_state(rung.state, rung.reason, rung.detail)
+        return True
+
+    def _twin_fenced(self, worker: Worker) -> bool:
+        """Fence ``worker`` if another registered worker's discovered KV publisher is its own (two URLs, one
+        engine: a port forward, a second Service); whether it was."""
+        mine = worker.kv_endpoints()
+        twin = next((w for w in self.workers.values() if w is not worker and not w.draining
+                     and w.kv_endpoints() & mine), None)
+        if twin is None:
+            return False
+        address, port = sorted(twin.kv_endpoints() & mine)[0]
+        worker.set_state(WorkerState.FENCED, FenceReason.DUPLICATE_ENGINE,
+                         f"its KV publisher {f'[{address}]' if ':' in address else address}:{port} is worker "
+                         f"{twin.id}'s ({twin.url}): the same engine")
+        return True
 
     def _subscribe(self, worker: Worker) -> None:
         """(Re)connect the worker's KV feeds for its discovered geometry."""

@@ -48,6 +48,7 @@ class FenceReason(StrEnum):
     CONTRACT_REJECT = "contract_reject"
     HASH_SCHEME_UNSUPPORTED = "hash_scheme_unsupported"  # e.g. EAGLE's bigram keys: no contract declares them
     REATTEST = "reattest"  # a READY worker while its ladder runs again
+    DUPLICATE_ENGINE = "duplicate_engine"  # its KV publisher is another registered worker's: the same engine
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,11 @@ class Worker:
         self.state, self.reason, self.detail, self.state_since = state, reason, detail, time.time()
         if state == WorkerState.READY:
             self.attested_at = self.state_since
+
+    def kv_endpoints(self) -> frozenset[Endpoint]:
+        """Where its discovered KV publisher listens: the same engine whatever URL reaches its HTTP port."""
+        port = self.discovery.kv_port if self.discovery else None
+        return frozenset() if port is None else frozenset((address, port) for address, _ in self.endpoints)
 
     def available(self, now: float) -> bool:
         """May take a new request: healthy, not draining, breaker closed."""
