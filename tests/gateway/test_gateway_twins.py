@@ -4,6 +4,7 @@ discovered KV publisher is the same, so the second is fenced ``duplicate_engine`
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -55,7 +56,8 @@ def test_the_same_engine_behind_a_port_forward_is_fenced_as_a_duplicate(
         forwarded = f"http://127.0.0.1:{port}"
         gw = InProcessGateway(loop, {"policy": "exact", "models": {"demo": gateway_model(*profile)},
                                      "workers": [{"url": sim.url, "id": "direct"},
-                                                 {"url": forwarded, "id": "forwarded"}]}, tmp_path)
+                                                 {"url": forwarded, "id": "forwarded"}],
+                                     "attest_interval_s": 1.0, "attest_retry_s": 1.0}, tmp_path)
         try:
             def settled() -> dict[str, dict] | None:
                 workers = {w["id"]: w for w in gw.gateway.status()["workers"]}
@@ -67,6 +69,11 @@ def test_the_same_engine_behind_a_port_forward_is_fenced_as_a_duplicate(
             ready = next(w for w in workers.values() if w["ladder"]["state"] == "READY")
             assert fenced["ladder"]["reason"] == "duplicate_engine" and not fenced["subscribed"]
             assert f"is worker {ready['id']}'s ({ready['url']}): the same engine" in fenced["ladder"]["detail"]
+            # Both ladders run again (READY past attest_interval_s, FENCED past attest_retry_s): the READY one
+            # is not fenced by its own fenced duplicate.
+            time.sleep(3)
+            workers = wait_until(settled, "one READY, one FENCED after re-attesting", 30)
+            assert [w["id"] for w in workers.values() if w["ladder"]["state"] == "READY"] == [ready["id"]]
             for _ in range(4):
                 r = httpx.post(f"{gw.url}/v1/completions", timeout=30,
                                json={"model": "demo", "prompt": "one engine, two names", "max_tokens": 1})

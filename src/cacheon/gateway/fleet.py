@@ -222,7 +222,7 @@ class Fleet:
         engine: a port forward, a second Service); whether it was."""
         mine = worker.kv_endpoints()
         twin = next((w for w in self.workers.values() if w is not worker and not w.draining
-                     and w.kv_endpoints() & mine), None)
+                     and w.reason != FenceReason.DUPLICATE_ENGINE and w.kv_endpoints() & mine), None)
         if twin is None:
             return False
         address, port = sorted(twin.kv_endpoints() & mine)[0]
