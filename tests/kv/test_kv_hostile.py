@@ -127,7 +127,8 @@ def test_a_router_repeating_itself_cannot_grow_a_replay() -> None:
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    client = ReplayClient(ctx, f"tcp://127.0.0.1:{port}", for_version(PIN).replay_framing, b"", timeout_s=30)
+    client = ReplayClient(ctx, f"tcp://127.0.0.1:{port}", for_version(PIN).replay_framing, b"",
+                          max_frame_bytes=1 << 20, timeout_s=30)
     try:
         def answer() -> None:
             ident, _, _start = router.recv_multipart()

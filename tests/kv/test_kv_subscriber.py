@@ -95,3 +95,65 @@ def test_rank_endpoints() -> None:
     for bad in ("10.0.0.2:5557", "tcp://host", "tcp://:5557", "ipc:///tmp/kv", "tcp://h:65535"):
         with pytest.raises(UsageError):
             rank_endpoint(bad, 1)
+
+
+def _rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+PUBLISHER = """
+import sys, time, zmq
+ctx = zmq.Context(); pub = ctx.socket(zmq.PUB); pub.bind(sys.argv[1])
+huge, stored = b"x" * int(sys.argv[2]), bytes.fromhex(sys.argv[3])
+for line in sys.stdin:  # one command per line: "huge" or "stored SEQ"
+    if line.startswith("huge"):
+        pub.send_multipart([b"", (1).to_bytes(8, "big"), huge])
+    else:
+        pub.send_multipart([b"", int(line.split()[1]).to_bytes(8, "big"), stored])
+"""
+
+
+def test_a_frame_past_the_payload_bound_is_refused_by_zmq_before_it_is_buffered(tmp_path: Path) -> None:
+    """A 100 MiB frame from a real publisher (another process): libzmq's MAXMSGSIZE drops the peer at the
+    frame's header, so the subscriber's memory does not grow by the frame (it did by ~2x its size), the frame
+    never reaches the decoder, and the next batch after the reconnect is indexed."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"tcp://127.0.0.1:{port}"
+    pub = subprocess.Popen([sys.executable, "-c", PUBLISHER, endpoint, str(100 << 20), STORED.hex()],
+                           stdin=subprocess.PIPE, text=True)
+    index, seen = BlockIndex(), []
+    subscriber = Subscriber(index, seen.append)
+    try:
+        (feed,) = subscriber.add_worker("w", endpoint, for_version(PIN), [0])
+        assert feed.socket.sub.getsockopt(zmq.MAXMSGSIZE) == 16 << 20  # WireBounds().max_payload_bytes
+        assert pub.stdin is not None
+        seq = iter(range(10, 10_000))
+
+        def send(command: str) -> None:
+            pub.stdin.write(command + "\n")
+            pub.stdin.flush()
+
+        pump(subscriber, lambda: send(f"stored {next(seq)}"), lambda: bool(seen))  # connected and subscribed
+        before, reconnects, count = _rss_bytes(), feed.counters.reconnects, len(seen)
+        send("huge")
+        # Dropped and dialled again; without MAXMSGSIZE the frame arrives instead (and is refused, late).
+        pump(subscriber, lambda: None, lambda: feed.counters.reconnects > reconnects or len(seen) > count)
+        grown = _rss_bytes() - before
+        assert grown < 32 << 20, f"RSS grew by {grown >> 20} MiB receiving a frame ZMQ should have refused"
+        assert not any(d.reject for d in seen), [d.reject for d in seen if d.reject]
+        count = len(seen)
+        pump(subscriber, lambda: send(f"stored {next(seq)}"), lambda: len(seen) > count)  # and it recovered
+    finally:
+        subscriber.close()
+        pub.kill()
+        pub.wait()
+    assert index.longest_prefix([11]) != {}

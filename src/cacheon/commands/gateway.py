@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 
 from cacheon.commands._output import add_subcommands, print_json
+from cacheon.errors import UsageError
 
 ENV_HELP = ("Environment variables override config keys: CACHEON_GATEWAY_ and the key's path in capitals, __ between "
             "levels (CACHEON_GATEWAY_POLICY=rr, CACHEON_GATEWAY_ADMIN__TOKEN=...); values are read as YAML.")
@@ -21,9 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Route OpenAI and SGLang-native requests to SGLang workers: rr, exact or approx.")
     gw = add_subcommands(p, "gateway_command")
     serve = gw.add_parser("serve", help="serve the gateway (traffic and admin listeners)",
-                          description="Serve the gateway until SIGTERM or Ctrl-C. Start-up problems (a bad config, "
-                          "an unreadable tokenizer, a port in use) are one line on stderr and exit 1 before "
-                          "anything is served. " + ENV_HELP)
+                          description="Serve the gateway until SIGTERM or Ctrl-C; SIGHUP reloads the config file "
+                          "(validated first; on any error the running config is kept and the log says why). "
+                          "Start-up problems (a bad config, an unreadable tokenizer, a port in use) are one line "
+                          "on stderr and exit 1 before anything is served. " + ENV_HELP)
     serve.add_argument("--config", type=Path, required=True, help="YAML or TOML config file")
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                        help="least severe record logged (default: info: one access line per request)")
@@ -66,7 +68,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     configure(args.log_level, args.log_format)
     cfg = load(args.config)
-    server = GatewayServer(Gateway(cfg))
+    server = GatewayServer(Gateway(cfg), args.config)
     freeze_startup_objects()
 
     async def run() -> None:
@@ -78,6 +80,18 @@ def _serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        reloads: set[asyncio.Task[None]] = set()
+
+        async def reload_logged() -> None:
+            with contextlib.suppress(UsageError):  # logged by reload, the running config kept
+                await server.reload()
+
+        def reload() -> None:
+            task = loop.create_task(reload_logged())
+            reloads.add(task)  # held until done: the loop keeps only a weak reference
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, reload)
         try:
             await stop.wait()
         finally:

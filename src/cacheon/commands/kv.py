@@ -21,7 +21,7 @@ from cacheon.kv.feed import Delivery
 from cacheon.kv.hashing import page_hashes
 from cacheon.kv.subscriber import Subscriber
 from cacheon.kv.transport import Live, LiveSocket, rank_endpoint
-from cacheon.kv.wire import WireDecoder, WireReject, event_json
+from cacheon.kv.wire import WireBounds, WireDecoder, WireReject, event_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -172,7 +172,8 @@ def _classify(args: argparse.Namespace) -> int:
     decoders = [WireDecoder(c) for c in contracts.CONTRACTS]
     seen = {"batches": 0, "rejects": 0}
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    live = LiveSocket(ctx, rank_endpoint(args.endpoint, args.rank), args.topic.encode())
+    live = LiveSocket(ctx, rank_endpoint(args.endpoint, args.rank), args.topic.encode(),
+                      max_frame_bytes=WireBounds().max_payload_bytes)
 
     def receive_one() -> None:
         if not live.wait(0.1):

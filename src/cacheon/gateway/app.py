@@ -1,9 +1,11 @@
 """The gateway's HTTP surface on aiohttp.web: the traffic listener and the admin listener.
 
 Traffic: the OpenAI-compatible and SGLang-native routes, probes (``/livez``, ``/readyz``, and
-``/health`` as an alias of readiness), ``/metrics`` and ``/status``. Admin, on its own listener
-(loopback by default, a bearer token required off it): add, list, inspect, drain and remove
-workers. Every error, unknown routes included, is an OpenAI-shaped JSON error.
+``/health`` as an alias of readiness), ``/metrics`` and a ``/status`` summary without worker URLs.
+Admin, on its own listener (loopback by default, a bearer token required off it, web pages refused):
+add, list, inspect, drain and remove workers, the full ``/status``, and reload the config. Every
+error, unknown routes included, is an OpenAI-shaped JSON error. Connections that never finish a
+request head (``keepalive_timeout_s``) or body (``body_timeout_s``) are closed.
 
 aiohttp.web rather than an ASGI stack: it writes a response's headers and body in one system call
 and has no middleware on the path, which measured as most of the proxy's own cost (issue 13).
@@ -15,6 +17,7 @@ import asyncio
 import hmac
 import logging
 import os
+import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -23,7 +26,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cacheon.errors import UsageError
-from cacheon.gateway.config import GatewayConfig, is_loopback, split_listen, worker_spec
+from cacheon.gateway.config import GatewayConfig, is_loopback, load, split_listen, worker_spec
 from cacheon.gateway.protocol import Runner
 from cacheon.gateway.refusals import Refusal, oai_error
 from cacheon.gateway.service import Gateway
@@ -53,18 +56,43 @@ def _fallback(gw: Gateway, routes: dict[str, set[str]]) -> Handler:
     return handler
 
 
+def _cut_if_unread(request: web.Request, timeout_s: float) -> None:
+    """The body deadline passed: close the connection if the body has still not all arrived."""
+    if not request.content.is_eof() and request.transport is not None:
+        log.info(f"closed {request.remote}: its request body did not arrive within body_timeout_s ({timeout_s})",
+                 extra={"fields": {"peer": request.remote, "path": request.path[:200]}})
+        request.transport.close()  # the handler is cancelled with the connection (handler_cancellation)
+
+
+def _body_deadline(handler: Handler, timeout_s: float) -> Handler:
+    """A request whose body is still arriving ``timeout_s`` after its headers loses its connection.
+
+    aiohttp has no body read deadline; a timer per request with a body costs a few microseconds."""
+
+    async def deadlined(request: web.Request) -> web.StreamResponse:
+        if not request.can_read_body:
+            return await handler(request)
+        timer = asyncio.get_running_loop().call_later(timeout_s, _cut_if_unread, request, timeout_s)
+        try:
+            return await handler(request)
+        finally:
+            timer.cancel()
+
+    return deadlined
+
+
 def _app(gw: Gateway, routes: list[tuple[str, str, Handler]], **kwargs: object) -> web.Application:
     app = web.Application(**kwargs)  # type: ignore[arg-type]  # aiohttp's keyword arguments, passed on
     table: dict[str, set[str]] = {}
     for method, path, handler in routes:
-        app.router.add_route(method, path, handler)
+        app.router.add_route(method, path, _body_deadline(handler, gw.cfg.body_timeout_s))
         table.setdefault(path, set()).add(method)
     app.router.add_route("*", "/{tail:.*}", _fallback(gw, table))
     return app
 
 
 def traffic_app(gw: Gateway) -> web.Application:
-    cfg, fleet = gw.cfg, gw.fleet
+    cfg = gw.cfg
 
     def proxied(path: str, kind: str) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
@@ -73,7 +101,7 @@ def traffic_app(gw: Gateway) -> web.Application:
         return handler
 
     async def models(_: web.Request) -> web.StreamResponse:
-        names = list(gw.profiles) or sorted({w.discovery.model for w in fleet.workers.values() if w.discovery})
+        names = gw.model_names()
         return json_response({"object": "list", "data": [{"id": n, "object": "model", "created": 0,
                                                            "owned_by": "cacheon"} for n in names]})
 
@@ -89,7 +117,7 @@ def traffic_app(gw: Gateway) -> web.Application:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def status(_: web.Request) -> web.StreamResponse:
-        return json_response(await asyncio.to_thread(gw.status))
+        return json_response(gw.summary())
 
     return _app(gw, [
         ("POST", "/v1/completions", proxied("/v1/completions", "completion")),
@@ -104,13 +132,34 @@ def traffic_app(gw: Gateway) -> web.Application:
     ], client_max_size=cfg.max_body_bytes)
 
 
-def admin_token(cfg: GatewayConfig) -> str | None:
-    """The admin bearer token (config, or its file); None when none is set, refused off loopback."""
+def _new_token_file(path: Path) -> str:
+    """A fresh token in a new file only its owner can read (``O_EXCL``: never one that appeared meanwhile)."""
+    token = secrets.token_urlsafe(32)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise UsageError(f"admin.token_file: cannot create {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    log.warning(f"admin token created in {path} (mode 0600): send it as 'Authorization: Bearer <token>'",
+                extra={"fields": {"token_file": str(path)}})
+    return token
+
+
+def admin_token(cfg: GatewayConfig, create: bool = False) -> str | None:
+    """The admin bearer token (config, or its file); None when none is set, refused off loopback.
+    ``create`` (serving): a ``token_file`` that does not exist yet is created with a fresh token;
+    without it (checking a config) such a file gives None."""
     admin = cfg.admin
     token = admin.token
     if admin.token_file is not None:
+        path = Path(admin.token_file)
         try:
-            token = Path(admin.token_file).read_text().strip()
+            token = path.read_text().strip()
+        except FileNotFoundError:
+            if not create:
+                return None  # checking only: serving creates it, so there will be a token
+            token = _new_token_file(path)
         except OSError as exc:
             raise UsageError(f"admin.token_file: cannot read {admin.token_file}: {exc.strerror}") from None
         if not token:
@@ -121,17 +170,47 @@ def admin_token(cfg: GatewayConfig) -> str | None:
     return token
 
 
-def admin_app(gw: Gateway, token: str | None) -> web.Application:
+def _browser_refusal(request: web.Request, loopback: bool) -> str | None:
+    """Why a request may come from a web page rather than an operator's tool, or None.
+
+    A page can send a cross-site POST (``text/plain``, no preflight) and, by DNS rebinding, make its own
+    name resolve to 127.0.0.1. So: the ``Origin`` a browser sends must be this listener itself, and on a
+    loopback listener the ``Host`` must be a loopback name (a rebound page's ``Host`` is its own name)."""
+    origin = request.headers.get("Origin")
+    if origin is not None and origin != f"{request.scheme}://{request.host}":
+        return f"cross-origin request from {origin[:100]!r}"
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ("same-origin", "none"):
+        return f"a {site[:20]} request from a web page"
+    if loopback:
+        host, sep, port = request.host.rpartition(":")
+        host = host if sep and port.isdigit() else request.host  # without a port
+        if not is_loopback(host.removeprefix("[").removesuffix("]")):
+            return f"Host {request.host[:100]!r} is not this loopback listener"
+    return None
+
+
+def admin_app(gw: Gateway, token: str | None,
+              reload: Callable[[], Awaitable[dict[str, object]]] | None = None) -> web.Application:
     fleet = gw.fleet
     expected = None if token is None else f"Bearer {token}".encode()
+    loopback = gw.cfg.admin.listen is not None and is_loopback(split_listen(gw.cfg.admin.listen)[0])
 
     def guarded(handler: Handler) -> Handler:
         async def checked(request: web.Request) -> web.StreamResponse:
+            refused = _browser_refusal(request, loopback)
+            if refused is not None:
+                gw.metrics.rejects.labels(Refusal.UNAUTHORIZED).inc()
+                return oai_error(403, f"the admin API refuses {refused}", code="forbidden")
             given = request.headers.get("Authorization", "").encode()
             if expected is not None and not hmac.compare_digest(given, expected):
                 gw.metrics.rejects.labels(Refusal.UNAUTHORIZED).inc()
                 return oai_error(401, "the admin API needs 'Authorization: Bearer <admin token>'",
                                  code="unauthorized", headers={"WWW-Authenticate": "Bearer"})
+            if request.method == "POST" and request.content_type != "application/json":
+                # A web page cannot send this type cross-site without a preflight, which the admin never allows.
+                return oai_error(415, f"POST {request.path} needs 'Content-Type: application/json' "
+                                 f"(got {request.content_type[:100]!r})", code="unsupported_media_type")
             return await handler(request)
 
         return checked
@@ -166,7 +245,7 @@ def admin_app(gw: Gateway, token: str | None) -> web.Application:
 
     async def add_worker(request: web.Request) -> web.StreamResponse:
         try:
-            worker = fleet.add(worker_spec(await body(request)), origin="admin")
+            worker = await fleet.add(worker_spec(await body(request)), origin="admin")
         except UsageError as exc:
             return oai_error(400, str(exc))
         return json_response(fleet.status(worker), 201)
@@ -208,7 +287,17 @@ def admin_app(gw: Gateway, token: str | None) -> web.Application:
     async def status(_: web.Request) -> web.StreamResponse:
         return json_response(await asyncio.to_thread(gw.status))
 
+    async def reload_config(_: web.Request) -> web.StreamResponse:
+        if reload is None:
+            return oai_error(409, "this gateway was not started from a config file", code="no_config_file")
+        try:
+            return json_response(await reload())
+        except UsageError as exc:
+            return oai_error(400, f"config not reloaded, the running config is kept: {exc}",
+                             code="config_rejected")
+
     return _app(gw, [
+        ("POST", "/config/reload", guarded(reload_config)),
         ("GET", "/workers", guarded(list_workers)),
         ("POST", "/workers", guarded(add_worker)),
         ("GET", "/workers/{wid}", guarded(get_worker)),
@@ -219,23 +308,28 @@ def admin_app(gw: Gateway, token: str | None) -> web.Application:
 
 
 class GatewayServer:
-    """Both listeners bound (or a one-line UsageError), then the gateway started; stopped in reverse."""
+    """Both listeners bound (or a one-line UsageError), then the gateway started; stopped in reverse.
 
-    def __init__(self, gw: Gateway) -> None:
+    ``config``: the file the config came from, read again by ``reload`` (SIGHUP, ``POST /config/reload``)."""
+
+    def __init__(self, gw: Gateway, config: Path | None = None) -> None:
         self.gw = gw
-        self.token = admin_token(gw.cfg)
+        self.config = config
+        self.token = admin_token(gw.cfg, create=True)
         self._runners: list[web.AppRunner] = []
+        self._reloading = asyncio.Lock()
         self.addresses: dict[str, str] = {}
 
     async def start(self) -> None:
         cfg = self.gw.cfg
         listeners = [("listen", cfg.listen, traffic_app(self.gw))]
         if cfg.admin.listen is not None:
-            listeners.append(("admin.listen", cfg.admin.listen, admin_app(self.gw, self.token)))
+            reload = self.reload if self.config is not None else None
+            listeners.append(("admin.listen", cfg.admin.listen, admin_app(self.gw, self.token, reload)))
         try:
             for key, listen, app in listeners:
                 runner = Runner(app, handler_cancellation=True, access_log=None,
-                                       shutdown_timeout=cfg.drain_timeout_s)
+                                shutdown_timeout=cfg.drain_timeout_s, keepalive_timeout=cfg.keepalive_timeout_s)
                 await runner.setup()
                 self._runners.append(runner)
                 host, port = split_listen(listen)
@@ -246,14 +340,30 @@ class GatewayServer:
                     why = os.strerror(exc.errno).lower() if exc.errno else str(exc)
                     raise UsageError(f"{key} {listen}: {why}") from None
                 self.addresses[key] = f"{host}:{runner.addresses[-1][1]}"  # port 0: the one picked
+                self.gw.fleet.own.append((host, runner.addresses[-1][1]))
             await self.gw.start()
         except BaseException:
             await self.stop()
             raise
+
+    async def reload(self) -> dict[str, object]:
+        """Read the config file again and apply it, or keep the running config whole (UsageError saying why).
+        Logged either way; one reload at a time."""
+        assert self.config is not None
+        async with self._reloading:
+            try:
+                cfg = await asyncio.to_thread(load, self.config)
+                outcome = await self.gw.reload(cfg)
+            except UsageError as exc:
+                log.warning(f"config {self.config} not reloaded, the running config is kept: {exc}",
+                            extra={"fields": {"config": str(self.config), "error": str(exc)}})
+                raise
+        log.info(f"config {self.config} reloaded: {', '.join(outcome['changed']) or 'nothing changed'}",
+                 extra={"fields": {"config": str(self.config), **outcome}})
+        return {"reloaded": True, **outcome}
 
     async def stop(self) -> None:
         for runner in reversed(self._runners):
             await runner.cleanup()  # stops accepting, lets handlers finish within shutdown_timeout
         self._runners.clear()
         await self.gw.stop()
-

@@ -12,7 +12,7 @@ import asyncio
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -222,7 +222,7 @@ async def hash_challenge(client: aiohttp.ClientSession, worker: Worker, found: D
 
 
 async def climb(client: aiohttp.ClientSession, worker: Worker, cfg: GatewayConfig,
-                profiles: dict[str, TokenizerProfile], echoes: Echoes, hasher: Hasher) -> AsyncIterator[Rung]:
+                profiles: dict[str, TokenizerProfile], echoes: Echoes, hasher: Hasher) -> AsyncGenerator[Rung, None]:
     """Climb the ladder, one rung at a time; the last rung is READY or FENCED.
 
     The consumer applies each rung before asking for the next: after PROFILE_VALIDATED the

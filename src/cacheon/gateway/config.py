@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
+from urllib.parse import urlsplit
 
 import msgspec
 import yaml
@@ -68,6 +69,45 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+_LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?"
+_HOSTNAME = re.compile(rf"{_LABEL}(\.{_LABEL})*")  # DNS names and IPv4 literals
+
+
+def _url_problem(url: str) -> str | None:
+    """Why ``url`` is not a worker's base URL (scheme, host, optional port, nothing else), or None.
+
+    Default-deny: anything but printable ASCII, user info, a path, a query or a fragment is refused
+    here, so no request later fails on it (urllib alone accepts ``http://h h:1`` and strips CR/LF)."""
+    if re.search(r"[^\x21-\x7e]", url):
+        return "whitespace or a control character"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        return str(exc).lower()
+    host = parts.hostname or ""
+    if parts.scheme not in ("http", "https"):
+        return f"scheme {parts.scheme!r}" if parts.scheme else "no scheme"
+    if parts.username is not None or parts.password is not None:
+        return "user info"
+    if parts.path.strip("/") or parts.query or parts.fragment or url.endswith(("?", "#")):
+        return "a path, query or fragment"
+    if not host:
+        return "no host"
+    if port == 0:
+        return "port 0"
+    if "[" in parts.netloc or "]" in parts.netloc:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return f"{host!r} is not an IPv6 address"
+        if not re.fullmatch(r"\[[^\]]+\](:\d+)?", parts.netloc):
+            return f"{parts.netloc!r} is not [IPv6]:PORT"
+    elif not _HOSTNAME.fullmatch(host):
+        return f"host {host!r}"
+    return None
+
+
 class WorkerSpec(msgspec.Struct, **_CONFIG):
     """A worker as configured: the URL alone, or with values to check against discovery."""
 
@@ -87,11 +127,10 @@ class WorkerSpec(msgspec.Struct, **_CONFIG):
         description="checked against discovery (`engine_geometry_mismatch`)")] = None
 
     def __post_init__(self) -> None:
-        url = self.url.rstrip("/")
-        scheme, sep, rest = url.partition("://")
-        if scheme not in ("http", "https") or not sep or not rest.split("/")[0].rsplit(":", 1)[0]:
-            raise ValueError(f"url: {self.url!r} is not http(s)://HOST:PORT")
-        msgspec.structs.force_setattr(self, "url", url)
+        why = _url_problem(self.url)
+        if why is not None:
+            raise ValueError(f"url: {self.url!r} is not http(s)://HOST:PORT ({why})")
+        msgspec.structs.force_setattr(self, "url", self.url.rstrip("/"))
 
 
 class WorkersDns(msgspec.Struct, **_CONFIG):
@@ -110,7 +149,8 @@ class AdminConfig(msgspec.Struct, **_CONFIG):
     listen: Annotated[str | None, Meta(
         description="`HOST:PORT` of the admin API; null: no admin listener")] = "127.0.0.1:8081"
     token: Annotated[str | None, Meta(description="bearer token the admin API requires (required off loopback)")] = None
-    token_file: Annotated[str | None, Meta(description="a file holding the token, instead of `token`")] = None
+    token_file: Annotated[str | None, Meta(description="a file holding the token, instead of `token`; serving creates "
+                                           "it with a fresh token (mode 0600) if it does not exist")] = None
 
     def __post_init__(self) -> None:
         if self.listen is not None:
@@ -147,6 +187,11 @@ class GatewayConfig(msgspec.Struct, **_CONFIG):
     request_timeout_s: Annotated[Seconds, Meta(
         description="upstream timeout: a whole call; for a stream, the longest gap between chunks")] = 60.0
     max_body_bytes: Annotated[Positive, Meta(description="largest request body (413 beyond)")] = 32 << 20
+    keepalive_timeout_s: Annotated[Seconds, Meta(
+        description="a client connection with no complete request head for this long is closed: idle "
+        "between requests, or headers still arriving (the header read deadline)")] = 15.0
+    body_timeout_s: Annotated[Seconds, Meta(
+        description="a request body not fully received this long after its headers closes the connection")] = 30.0
     load_epsilon: Annotated[Annotated[float, Meta(ge=0)], Meta(description="`approx`'s load bound ε (may be 0)")] = 0.25
     min_prefix_blocks: Annotated[Positive, Meta(description="`approx`: the shallowest match that counts as a hit")] = 1
     min_match_ratio: Annotated[Ratio, Meta(
@@ -173,6 +218,17 @@ class GatewayConfig(msgspec.Struct, **_CONFIG):
     @property
     def port(self) -> int:
         return split_listen(self.listen)[1]
+
+
+# What a reload applies to a running gateway (the fleet reads them at each use); any other key is fixed
+# at start, so a reload that changes one is refused whole.
+RELOADABLE = frozenset({"workers", "health_interval_s", "attest_interval_s", "attest_retry_s",
+                        "challenge_timeout_s", "probes"})
+
+
+def changed_keys(old: GatewayConfig, new: GatewayConfig) -> list[str]:
+    """The top-level keys whose values differ between two configs."""
+    return [key for key in GatewayConfig.__struct_fields__ if getattr(old, key) != getattr(new, key)]
 
 
 DEFAULTS = GatewayConfig(policy="rr")  # every default, for benchmarks that reproduce the gateway's choices

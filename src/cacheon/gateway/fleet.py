@@ -28,7 +28,7 @@ from cacheon.gateway.config import GatewayConfig, WorkersDns, WorkerSpec
 from cacheon.gateway.feeds import WorkerFeeds
 from cacheon.gateway.http import TRANSPORT_ERRORS
 from cacheon.gateway.policy import Policy
-from cacheon.gateway.workers import FenceReason, Worker, WorkerState, discover
+from cacheon.gateway.workers import Endpoint, FenceReason, Worker, WorkerState, discover, endpoints, is_self
 from cacheon.kv.contracts import by_id
 from cacheon.kv.feed import Source
 from cacheon.kv.index import PrefixIndex
@@ -36,6 +36,7 @@ from cacheon.tokens.chains import ChainCache
 from cacheon.tokens.profile import TokenizerProfile
 
 log = logging.getLogger("cacheon.gateway")
+Admitted = tuple[WorkerSpec, frozenset[Endpoint]]  # a worker entry checked for adding, with what its URL reached
 
 
 class Fleet:
@@ -46,6 +47,7 @@ class Fleet:
         self.cfg, self.profiles, self.index, self.chains, self.policy = cfg, profiles, index, chains, policy
         self.echoes = Echoes()
         self.workers: dict[str, Worker] = {}
+        self.own: list[Endpoint] = []  # the gateway's own bound listeners: never a worker
         self._client: aiohttp.ClientSession | None = None
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -56,8 +58,11 @@ class Fleet:
 
     async def start(self, client: aiohttp.ClientSession) -> None:
         self._client = client
-        for spec in self.cfg.workers:
-            self.add(spec)
+        for i, spec in enumerate(self.cfg.workers):
+            try:
+                await self.add(spec)
+            except UsageError as exc:
+                raise UsageError(f"workers[{i}]: {exc}") from None
         for dns in self.cfg.workers_dns:
             self._spawn(self._dns_loop(dns))
         self._spawn(self._health_loop())
@@ -80,17 +85,67 @@ class Fleet:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def add(self, spec: WorkerSpec, origin: str = "config") -> Worker:
+    async def add(self, spec: WorkerSpec, origin: str = "config") -> Worker:
+        """Register and attest a worker; UsageError for the gateway itself or an engine already registered
+        (under this URL or another that resolves to the same address and port)."""
+        found = await endpoints(spec.url)
+        refused = self._refusal(spec, found, list(self.workers.values()))
+        if refused is not None:
+            raise UsageError(refused)
+        return self._register(spec, found, origin)
+
+    def _refusal(self, spec: WorkerSpec, found: frozenset[Endpoint], others: list[Worker]) -> str | None:
+        if is_self(found, self.own):
+            return f"{spec.url} is this gateway's own listener: requests would loop through it"
+        same = next((w for w in others if w.url == spec.url or (spec.id is not None and w.id == spec.id)), None)
+        if same is not None:
+            return f"worker {same.id} ({same.url}) is already registered"
+        same = next((w for w in others if w.endpoints & found), None)
+        if same is not None:
+            address, port = sorted(same.endpoints & found)[0]
+            return (f"{spec.url} is worker {same.id or '(new)'} ({same.url}) under another name: both reach "
+                    f"{f'[{address}]' if ':' in address else address}:{port}")
+        return None
+
+    def _register(self, spec: WorkerSpec, found: frozenset[Endpoint], origin: str) -> Worker:
         wid = spec.id or f"w{next(self._ids)}"
-        while wid in self.workers and spec.id is None:
+        while wid in self.workers:
             wid = f"w{next(self._ids)}"
-        if wid in self.workers or any(w.url == spec.url for w in self.workers.values()):
-            raise UsageError(f"worker {wid} ({spec.url}) is already registered")
         breaker = Breaker(self.cfg.breaker_failures, self.cfg.breaker_open_s)
-        worker = self.workers[wid] = Worker(wid, spec, origin=origin, breaker=breaker)
+        worker = self.workers[wid] = Worker(wid, spec, endpoints=found, origin=origin, breaker=breaker)
         log.info(f"worker {wid} added", extra={"fields": {"worker": wid, "url": spec.url, "origin": origin}})
         self._spawn(self.attest(worker))
         return worker
+
+    async def reconcile(self, old: list[WorkerSpec], new: list[WorkerSpec]) -> tuple[list[Worker], list[Admitted]]:
+        """What the config's worker list going from ``old`` to ``new`` takes: the workers to remove (configured
+        entries that left it) and the entries to add, each checked as ``add`` checks it (UsageError naming
+        its entry). Workers added by the admin API or DNS stay; nothing changes here."""
+        gone = [w for w in self.workers.values() if w.origin == "config" and w.spec in old and w.spec not in new]
+        others = [w for w in self.workers.values() if w not in gone]
+        added = []
+        for i, spec in enumerate(new):
+            if spec in old:
+                continue
+            found = await endpoints(spec.url)
+            refused = self._refusal(spec, found, others)
+            if refused is not None:
+                raise UsageError(f"workers[{i}]: {refused}")
+            others.append(Worker(spec.id or "", spec, endpoints=found))
+            added.append((spec, found))
+        return gone, added
+
+    async def apply(self, gone: list[Worker], new: list[Admitted]) -> list[Worker]:
+        """``reconcile``'s plan. The gone workers drain (no new requests from now on) and are removed in the
+        background, except one whose id a new entry takes: that one is removed first."""
+        reused = {spec.id for spec, _ in new}
+        for worker in gone:
+            worker.draining = True
+            if worker.id in reused:
+                await self.remove(worker)
+            else:
+                self._spawn(self.remove(worker))
+        return [self._register(spec, found, "config") for spec, found in new]
 
     async def drain(self, worker: Worker, deadline_s: float | None = None) -> bool:
         """No new requests from now on; wait up to ``deadline_s`` for those in flight. Whether none are left."""
@@ -124,8 +179,8 @@ class Fleet:
                 urls = {f"{dns.scheme}://{f'[{h}]' if ':' in h else h}:{dns.port}" for h in hosts}
                 known = {w.url: w for w in self.workers.values() if w.origin == origin}
                 for url in sorted(urls - set(known)):
-                    with contextlib.suppress(UsageError):  # the same URL configured statically
-                        self.add(WorkerSpec(url=url), origin)
+                    with contextlib.suppress(UsageError):  # the same engine configured statically
+                        await self.add(WorkerSpec(url=url), origin)
                 for url in sorted(set(known) - urls):
                     self._spawn(self.remove(known[url]))
             await asyncio.sleep(dns.interval_s)
@@ -139,21 +194,44 @@ class Fleet:
         self._attesting.add(worker.id)
         try:
             if self.policy.attests:
-                async for rung in climb(self.client, worker, self.cfg, self.profiles, self.echoes, self.chains.chain):
-                    self._apply(worker, rung)
+                ladder = climb(self.client, worker, self.cfg, self.profiles, self.echoes, self.chains.chain)
+                async with contextlib.aclosing(ladder):
+                    async for rung in ladder:
+                        if not self._apply(worker, rung):
+                            break
                 worker.seen_resets, worker.seen_rejects = worker.resets(), worker.rejects()
             else:
                 with contextlib.suppress(Exception):
                     worker.discovery = await discover(self.client, worker.url, self.cfg.request_timeout_s)
+                    self._twin_fenced(worker)
         finally:
             self._attesting.discard(worker.id)
 
-    def _apply(self, worker: Worker, rung: Rung) -> None:
-        """One rung of the ladder: identity first (and the feeds it names), then the state."""
+    def _apply(self, worker: Worker, rung: Rung) -> bool:
+        """One rung of the ladder: identity first (and the feeds it names), then the state. False: the
+        worker is another's engine under a second URL, fenced, and the ladder stops."""
         if rung.discovery is not None:
             worker.contract_id, worker.discovery = rung.contract_id, rung.discovery
+            if self._twin_fenced(worker):
+                self._unsubscribe(worker)
+                return False
             self._subscribe(worker)
         worker.set_state(rung.state, rung.reason, rung.detail)
+        return True
+
+    def _twin_fenced(self, worker: Worker) -> bool:
+        """Fence ``worker`` if another registered worker's discovered KV publisher is its own (two URLs, one
+        engine: a port forward, a second Service); whether it was."""
+        mine = worker.kv_endpoints()
+        twin = next((w for w in self.workers.values() if w is not worker and not w.draining
+                     and w.reason != FenceReason.DUPLICATE_ENGINE and w.kv_endpoints() & mine), None)
+        if twin is None:
+            return False
+        address, port = sorted(twin.kv_endpoints() & mine)[0]
+        worker.set_state(WorkerState.FENCED, FenceReason.DUPLICATE_ENGINE,
+                         f"its KV publisher {f'[{address}]' if ':' in address else address}:{port} is worker "
+                         f"{twin.id}'s ({twin.url}): the same engine")
+        return True
 
     def _subscribe(self, worker: Worker) -> None:
         """(Re)connect the worker's KV feeds for its discovered geometry."""

@@ -4,12 +4,13 @@ the two that work on them, the fleet (workers) and the proxy (requests), started
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any
 
 import aiohttp
 
 from cacheon.errors import UsageError
-from cacheon.gateway.config import GatewayConfig
+from cacheon.gateway.config import RELOADABLE, GatewayConfig, changed_keys
 from cacheon.gateway.fleet import Fleet
 from cacheon.gateway.http import session
 from cacheon.gateway.metrics import Metrics, WorkerView
@@ -92,6 +93,30 @@ class Gateway:
         if not ready:
             detail["reason"] = f"no {what} ({len(workers)} registered)"
         return ready, detail
+
+    def model_names(self) -> list[str]:
+        """The configured models, else those the workers were found serving."""
+        return list(self.profiles) or sorted({w.discovery.model for w in self.fleet.workers.values() if w.discovery})
+
+    def summary(self) -> dict[str, Any]:
+        """The traffic port's ``/status``: readiness, models and how many workers are in each ladder state;
+        no worker URLs, reasons or request ids (those are the admin listener's ``/status``)."""
+        _, detail = self.readiness()
+        states = Counter(w.state.value for w in self.fleet.workers.values())
+        return {**detail, "models": self.model_names(), "states": dict(sorted(states.items()))}
+
+    async def reload(self, cfg: GatewayConfig) -> dict[str, Any]:
+        """Apply ``cfg`` (already validated) if it changes only what a running gateway can change; UsageError
+        naming the first problem otherwise, with the running config kept whole. Says what changed."""
+        changed = changed_keys(self.cfg, cfg)
+        fixed = [key for key in changed if key not in RELOADABLE]
+        if fixed:
+            raise UsageError(f"{', '.join(fixed)}: fixed at start, restart the gateway to change "
+                             f"{'it' if len(fixed) == 1 else 'them'}; nothing was applied")
+        gone, new = await self.fleet.reconcile(self.cfg.workers, cfg.workers)
+        self.cfg = self.fleet.cfg = cfg
+        added = await self.fleet.apply(gone, new)
+        return {"changed": changed, "workers_added": [w.id for w in added], "workers_removed": [w.id for w in gone]}
 
     def status(self) -> dict[str, Any]:
         """``/status``: the policy and every worker (digests included: run off the event loop)."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import json
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -46,6 +49,7 @@ class FenceReason(StrEnum):
     CONTRACT_REJECT = "contract_reject"
     HASH_SCHEME_UNSUPPORTED = "hash_scheme_unsupported"  # e.g. EAGLE's bigram keys: no contract declares them
     REATTEST = "reattest"  # a READY worker while its ladder runs again
+    DUPLICATE_ENGINE = "duplicate_engine"  # its KV publisher is another registered worker's: the same engine
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,57 @@ class Discovery:
     cache_report: bool = True  # --enable-cache-report: OpenAI usage carries cached_tokens (absent: assumed on)
     speculative: str | None = None  # --speculative-algorithm (EAGLE variants key pages by token bigrams)
     max_model_len: int | None = None  # the context length in tokens (``/v1/models``); None: not reported
+
+
+Endpoint = tuple[str, int]  # an IP address and a TCP port
+
+
+async def endpoints(url: str, timeout_s: float = 5.0) -> frozenset[Endpoint]:
+    """Every (address, port) ``url``'s host resolves to: one engine's identity on the network, whatever
+    alias names it. Empty when the name does not resolve (yet): nothing to compare then."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(
+            parts.hostname, port, type=socket.SOCK_STREAM), timeout_s)
+    except OSError:  # TimeoutError included
+        return frozenset()
+    return frozenset((_unmapped(str(info[4][0])), port) for info in infos)
+
+
+def _unmapped(address: str) -> str:
+    """``address`` without an IPv6 zone, and an IPv4-mapped IPv6 address (``::ffff:127.0.0.1``) as the
+    IPv4 one it reaches."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return str(mapped or ip)
+
+
+def _local(address: str) -> bool:
+    """Whether ``address`` is one of this machine's (it can be bound here)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((address, 0))
+        except OSError:
+            return False
+    return True
+
+
+def is_self(found: frozenset[Endpoint], own: list[Endpoint]) -> bool:
+    """Whether an endpoint of ``found`` is one the gateway itself listens on (``own``: its bound listeners;
+    an unspecified host, ``0.0.0.0`` or ``::``, listens on every local address)."""
+    for address, port in found:
+        ip = ipaddress.ip_address(address)
+        for host, own_port in own:
+            if port != own_port:
+                continue
+            if host in ("0.0.0.0", "::"):  # every local address ("::" takes IPv4 too, dual-stack)
+                if (ip.version == 4 or host == "::") and (ip.is_unspecified or _local(address)):
+                    return True
+            elif address == host or ip.is_unspecified or (host == "localhost" and ip.is_loopback):
+                return True
+    return False
 
 
 class DiscoveryError(Exception):
@@ -157,6 +212,7 @@ class Worker:
     feeds: WorkerFeeds | None = None
     seen_resets: int = 0
     seen_rejects: int = 0
+    endpoints: frozenset[Endpoint] = frozenset()  # what its URL resolved to when it was added
     origin: str = "config"  # config, admin, or dns:NAME (workers a DNS name stops returning are removed)
     precision: Precision = field(default_factory=Precision)
 
@@ -178,6 +234,11 @@ class Worker:
         self.state, self.reason, self.detail, self.state_since = state, reason, detail, time.time()
         if state == WorkerState.READY:
             self.attested_at = self.state_since
+
+    def kv_endpoints(self) -> frozenset[Endpoint]:
+        """Where its discovered KV publisher listens: the same engine whatever URL reaches its HTTP port."""
+        port = self.discovery.kv_port if self.discovery else None
+        return frozenset() if port is None else frozenset((address, port) for address, _ in self.endpoints)
 
     def available(self, now: float) -> bool:
         """May take a new request: healthy, not draining, breaker closed."""

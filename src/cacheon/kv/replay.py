@@ -69,8 +69,9 @@ class ReplayClient:
     """A DEALER to one publisher's ROUTER, made on first use and dropped after a failure."""
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, framing: ReplayFraming, topic: bytes,
-                 *, timeout_s: float = 2.0, backoff_s: tuple[float, float] = (0.1, 5.0)) -> None:
+                 *, max_frame_bytes: int, timeout_s: float = 2.0, backoff_s: tuple[float, float] = (0.1, 5.0)) -> None:
         self._ctx, self._endpoint, self._framing, self._topic = ctx, endpoint, framing, topic
+        self._max_frame_bytes = max_frame_bytes  # the DEALER's MAXMSGSIZE, as on the live socket
         self._timeout_s = timeout_s
         self._backoff_min, self._backoff_max = backoff_s
         self._backoff = self._backoff_min
@@ -84,6 +85,7 @@ class ReplayClient:
         if self._dealer is None:
             self._dealer = self._ctx.socket(zmq.DEALER)
             self._dealer.setsockopt(zmq.LINGER, 0)
+            self._dealer.setsockopt(zmq.MAXMSGSIZE, self._max_frame_bytes)
             self._dealer.connect(self._endpoint)
         self._dealer.send_multipart([b"", hole.start.to_bytes(8, "big")])
         got: dict[int, bytes] = {}  # by seq: a ROUTER repeating itself cannot grow this past the hole

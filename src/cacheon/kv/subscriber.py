@@ -39,11 +39,12 @@ class RankFeed(Feed):
         max_replay: int = 10_000,
     ) -> None:
         encoded = topic.encode("utf-8")
+        frame = (bounds or WireBounds()).max_payload_bytes  # ZMQ refuses a larger frame before buffering it
         self.replay = None if replay_endpoint is None else ReplayClient(
-            ctx, replay_endpoint, contract.replay_framing, encoded, timeout_s=replay_timeout_s)
+            ctx, replay_endpoint, contract.replay_framing, encoded, max_frame_bytes=frame, timeout_s=replay_timeout_s)
         super().__init__(source, contract, replayer=self.replay, index=index, on_delivery=on_delivery,
                          bounds=bounds, max_replay=max_replay)
-        self.socket = LiveSocket(ctx, endpoint, encoded)
+        self.socket = LiveSocket(ctx, endpoint, encoded, max_frame_bytes=frame)
 
     def watch(self) -> None:
         """Drain connection events: a reconnect makes the next message start over."""

@@ -44,17 +44,25 @@ class Malformed:
 
 
 class LiveSocket:
-    """SUB on one publisher's live port; libzmq reconnects by itself, backing off 100 ms to 5 s."""
+    """SUB on one publisher's live port; libzmq reconnects by itself, backing off 100 ms to 5 s.
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, topic: bytes,
+    ``max_frame_bytes`` is the socket's ``MAXMSGSIZE``: libzmq drops a peer announcing a larger
+    frame before buffering it, so an oversized batch costs no memory. libzmq treats that as a
+    protocol error and never dials that peer again, so every disconnect re-dials here (seen as a
+    reconnect, as a publisher restart is).
+    """
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, topic: bytes, *, max_frame_bytes: int,
                  backoff_s: tuple[float, float] = (0.1, 5.0)) -> None:
         self.sub = ctx.socket(zmq.SUB)
+        self.sub.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
         self.sub.setsockopt(zmq.RECONNECT_IVL, int(backoff_s[0] * 1000))
         self.sub.setsockopt(zmq.RECONNECT_IVL_MAX, int(backoff_s[1] * 1000))
         self.sub.setsockopt(zmq.RCVHWM, _RECV_HWM)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.SUBSCRIBE, topic)
         self.monitor = self.sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self.endpoint = endpoint
         self.sub.connect(endpoint)
         self._disconnected = False
 
@@ -68,6 +76,8 @@ class LiveSocket:
                 return back
             if event["event"] == zmq.EVENT_DISCONNECTED:
                 self._disconnected = True
+                self.sub.disconnect(self.endpoint)  # a fresh session, which retries with the back-off
+                self.sub.connect(self.endpoint)
             elif event["event"] == zmq.EVENT_CONNECTED and self._disconnected:
                 self._disconnected = False
                 back += 1

@@ -152,7 +152,7 @@ class GatewayProcess:
         cfg = {"listen": f"127.0.0.1:{self.port}", "policy": policy, "workers": workers, "models": models,
                "admin": {"listen": f"127.0.0.1:{self.admin_port}"}, "health_interval_s": 0.5,
                "challenge_timeout_s": 5, **extra}
-        path = tmp / f"gateway-{self.port}.yaml"
+        self.config = path = tmp / f"gateway-{self.port}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         self.log = tmp / f"gateway-{self.port}.log"
         self.proc = _spawn(stack, ["gateway", "serve", "--config", str(path)], self.log)
@@ -164,7 +164,8 @@ class GatewayProcess:
         return httpx.get(f"{self.url}/status", timeout=2).status_code == 200
 
     def status(self) -> dict[str, dict[str, Any]]:
-        return {w["url"]: w for w in httpx.get(f"{self.url}/status", timeout=5).json()["workers"]}
+        """Every worker's full status, by URL (the admin listener's ``/status``: the traffic port's has no URLs)."""
+        return {w["url"]: w for w in httpx.get(f"{self.admin_url}/status", timeout=5).json()["workers"]}
 
     def wait_discovered(self, urls: list[str]) -> dict[str, dict[str, Any]]:
         """Wait until the gateway knows what model each worker serves (rr and approx discover too)."""
