@@ -114,10 +114,37 @@ def _edit_envelope(release_dir: Path, edit: Callable[[dict[str, Any]], dict[str,
 
 
 def _edit_statement(release_dir: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    """Edit the statement and have the trusted signer sign it again: the content checks must catch what a
+    signature does not (an unsigned edit is refused before the statement is parsed at all)."""
+    statement = _statement(release_dir)
+    edit(statement)
+    _resign(release_dir, canonical_json(statement))
+
+
+def _edit_statement_unsigned(release_dir: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    """Edit the statement and keep the old signatures (which then no longer verify)."""
     statement = _statement(release_dir)
     edit(statement)
     payload = base64.b64encode(canonical_json(statement)).decode()
     _edit_envelope(release_dir, lambda e: {**e, "payload": payload})
+
+
+def _statement_with(predicate: bytes) -> bytes:
+    """A statement of the right shape around ``predicate`` (raw JSON text, which may be hostile)."""
+    return (
+        b'{"_type":"https://in-toto.io/Statement/v1","predicate":' + predicate
+        + b',"predicateType":"' + release.PREDICATE_TYPE.encode() + b'","subject":[]}'
+    )
+
+
+def _resign(release_dir: Path, body: bytes) -> None:
+    """``body`` as the payload, signed by the trusted signer only (its key is the ``signed`` fixture's, kept
+    at ``tmp_path/keys/signer.key``; tampered copies live in ``tmp_path/tampered/NAME``)."""
+    from cacheon.evidence import dsse
+
+    key = keys.load_private_key(release_dir.parent.parent / "keys" / "signer.key")
+    envelope = dsse.add_signature(dsse.seal(release.PAYLOAD_TYPE, body), key)
+    (release_dir / release.ENVELOPE).write_bytes(envelope.to_bytes())
 
 
 def test_keygen_modes_and_no_overwrite(tmp_path: Path, run_cli: Callable[..., tuple], keypair: tuple) -> None:
@@ -238,10 +265,11 @@ def test_every_descriptor_field_is_covered_by_the_signature(
                 node = node[key]
             node[path[-1]] = _changed(node[path[-1]])
 
-        _edit_statement(target, edit)
+        _edit_statement_unsigned(target, edit)
         result = release.verify(target, trusted)
         assert not result.ok, path
         assert any("the signature does not verify" in p for p in result.problems), (path, result.problems)
+        assert result.problems[-1].startswith("the statement was not read"), result.problems
 
 
 def test_added_field_is_refused(signed: Path, tmp_path: Path, keypair: tuple) -> None:
@@ -468,8 +496,12 @@ def _sparse(path: Path, size: int) -> None:
 
 HOSTILE: dict[str, tuple[Callable[[Path], None], str]] = {
     "deep nesting": (
-        lambda d: (d / release.ENVELOPE).write_bytes(b"[" * 100_000 + b"]" * 100_000),
-        "release.dsse.json is nested too deeply",
+        lambda d: _resign(d, _statement_with(b'{"a":' * 100_000 + b"1" + b"}" * 100_000)),
+        "statement is nested too deeply",
+    ),
+    "nesting the decoder accepts": (  # deep enough to overflow any recursive reader after the decode
+        lambda d: _resign(d, _statement_with(b'{"a":' * 900 + b"1" + b"}" * 900)),
+        "statement is nested more than 64 levels deep",
     ),
     "huge file": (lambda d: _sparse(d / release.ENVELOPE, 5 << 30), "over the 4194304-byte limit"),
     "non-UTF-8": (
@@ -488,22 +520,20 @@ HOSTILE: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "not base64": (lambda d: _edit_envelope(d, lambda e: {**e, "payload": "%%%"}), "not standard base64"),
     "payload not canonical": (
-        lambda d: _edit_envelope(d, lambda e: {**e, "payload": base64.b64encode(b'{"_type": 1}').decode()}),
+        lambda d: _resign(d, _statement_with(b"{}").replace(b",", b", ")),
         "statement is not in canonical form",
     ),
     "payload wrong type": (
-        lambda d: _edit_envelope(
-            d, lambda e: {**e, "payload": base64.b64encode(canonical_json({"_type": 1})).decode()}
-        ),
+        lambda d: _resign(d, canonical_json({"_type": 1})),
         "statement: Expected `str`, got `int` - at `$._type`",
     ),
     "float in payload": (
-        lambda d: _edit_envelope(d, lambda e: {**e, "payload": base64.b64encode(b'{"x":1.5}').decode()}),
+        lambda d: _resign(d, _statement_with(b'{"x":1.5}')),
         "statement is not canonical JSON: floats are not canonical",
     ),
     "a directory instead": (
         lambda d: ((d / release.ENVELOPE).unlink(), (d / release.ENVELOPE).mkdir()),
-        "release.dsse.json is not a regular file",
+        "release.dsse.json is a directory, not a regular file",
     ),
     "too many signatures": (
         lambda d: _edit_envelope(d, lambda e: {**e, "signatures": e["signatures"] * 65}),
