@@ -18,17 +18,21 @@ import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import astuple, dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from cacheon.canonical import canonical_json
 from cacheon.errors import CacheonError
 from cacheon.evidence import chain
+from cacheon.evidence.boundary import Malformed, open_regular
 from cacheon.evidence.chain import ChainCheck, Head, Header, Record, Row
 from cacheon.evidence.classes import EvidenceClass, Outcome
 from cacheon.evidence.view import VerifiedLedger
+from cacheon.printable import escape_controls
 from cacheon.runtime.identity import Identity, identity_digest
 
 __all__ = [
@@ -129,8 +133,7 @@ def _chain_v1(conn: sqlite3.Connection) -> None:
         conn.execute("UPDATE records SET prev_hash = ?, record_hash = ? WHERE id = ?", (prev, filled, row.id))
         prev = filled
     conn.execute(_NO_UPDATE_RECORDS)
-    facts = dict(conn.execute("SELECT digest, facts FROM identities").fetchall())
-    broken = chain.walk(header, _rows(conn), facts).broken
+    broken = _walk(conn).broken
     if broken is not None:  # e.g. an identity whose facts were edited: chaining would bless it
         raise LedgerError(f"cannot migrate: {broken.reason}; keep the file as it is and start a new ledger")
 
@@ -295,11 +298,11 @@ class Ledger:
             prev_hash=head.hash,
             record_hash="",
         )
-        row = replace(row, record_hash=row.computed_hash())
+        row = msgspec.structs.replace(row, record_hash=row.computed_hash())
         try:
             self._conn.execute(
                 f"INSERT INTO records({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
-                astuple(row),
+                msgspec.structs.astuple(row),
             )
         except sqlite3.IntegrityError as exc:
             if "records.supersedes" in str(exc):
@@ -329,10 +332,7 @@ class Ledger:
         return VerifiedLedger.from_check(self.path, check)
 
     def _walk(self) -> ChainCheck:
-        row = self._conn.execute("SELECT ledger_id, created_at, origin FROM ledger_header").fetchone()
-        header = Header(*row) if row else None
-        facts = dict(self._conn.execute("SELECT digest, facts FROM identities").fetchall())
-        return chain.walk(header, _rows(self._conn), facts)
+        return _walk(self._conn)
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -407,16 +407,32 @@ class Ledger:
         return int(app_id), int(version)
 
 
-_COLUMNS = tuple(f.name for f in fields(Row))  # the stored columns, in Row's order
+_COLUMNS = Row.__struct_fields__  # the stored columns, in Row's order
+_SELECT_ROWS = f"SELECT {', '.join(_COLUMNS)} FROM records ORDER BY id"
+
+
+def _walk(conn: sqlite3.Connection) -> ChainCheck:
+    """The chain as stored: the walk decodes every row itself (what is checked is what is read)."""
+    header = conn.execute("SELECT ledger_id, created_at, origin FROM ledger_header").fetchone()
+    facts = conn.execute("SELECT digest, facts FROM identities").fetchall()
+    return chain.walk(header, conn.execute(_SELECT_ROWS).fetchall(), facts)
 
 
 def _rows(conn: sqlite3.Connection) -> list[Row]:
-    return [Row(*row) for row in conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM records ORDER BY id")]
+    """The rows decoded by type (for migration); a row that does not decode is refused."""
+    try:
+        return [chain.decode_row(raw) for raw in conn.execute(_SELECT_ROWS)]
+    except chain.Unreadable as exc:
+        raise LedgerError(f"cannot migrate: {exc}; keep the file as it is and start a new ledger") from None
 
 
 def _check_header(path: Path) -> None:
-    with path.open("rb") as fh:
-        head = fh.read(len(_SQLITE_MAGIC))
+    """The file is a regular file that starts as SQLite does (opened non-blocking: a FIFO is refused)."""
+    try:
+        with os.fdopen(open_regular(path), "rb") as fh:
+            head = fh.read(len(_SQLITE_MAGIC))
+    except Malformed as exc:
+        raise LedgerError(f"ledger {escape_controls(str(path))}: {exc}") from None
     if head and head != _SQLITE_MAGIC:
         raise LedgerError(f"{path} is not a Cacheon ledger (not an SQLite database file)")
 
