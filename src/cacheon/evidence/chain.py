@@ -244,7 +244,7 @@ def _content_problem(
     if row.evidence_class not in _CLASSES or row.outcome not in _OUTCOMES:
         return row.id, f"record #{row.id} has an unknown evidence class or outcome (written outside cacheon)"
     try:
-        details = _decoded(row.details, dict[str, Any], f"record #{row.id} details")
+        details: dict[str, Any] = _decoded(row.details, dict[str, Any], f"record #{row.id} details")
     except Malformed as exc:
         return row.id, f"{exc}: unreadable details"
     if row.identity_digest in identities:

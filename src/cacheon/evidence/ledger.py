@@ -18,7 +18,7 @@ import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ import msgspec
 from cacheon.canonical import canonical_json
 from cacheon.errors import CacheonError
 from cacheon.evidence import chain
+from cacheon.evidence.assurance import Contradicted, assess
 from cacheon.evidence.boundary import Malformed, open_regular
 from cacheon.evidence.chain import ChainCheck, Head, Header, Record, Row
 from cacheon.evidence.classes import EvidenceClass, Outcome
@@ -191,10 +192,17 @@ def open_verified_ledger(explicit: str | Path | None) -> VerifiedLedger:
     """The one way to read the ledger: open it, walk its hash chain, and return the verified records.
 
     A broken chain raises :class:`LedgerTampered` (exit 2) naming the first broken record, and
-    nothing of the ledger is returned. A default ledger that does not exist yet reads as empty.
+    nothing of the ledger is returned; so does a checkpoint beside the ledger that the ledger
+    contradicts (:mod:`.assurance`). The view says which guarantee the read got. A default ledger
+    that does not exist yet reads as empty.
     """
     with open_ledger(str(explicit) if explicit is not None else None, for_write=False) as ledger:
-        return ledger.verified()
+        view = ledger.verified()
+    try:
+        return replace(view, assurance=assess(view))
+    except Contradicted as exc:
+        raise LedgerTampered(f"ledger {escape_controls(str(view.path))} is not the ledger its checkpoint "
+                             f"vouches for: {exc}; nothing was read") from None
 
 
 class Ledger:
