@@ -29,7 +29,7 @@ def open_raw(path: Path) -> sqlite3.Connection:
 
 def rehash(conn: sqlite3.Connection, *, start: int = 1, links: bool = True) -> None:
     """Recompute record hashes from ``start`` on; with ``links``, the prev links too (a consistent forgery)."""
-    header = chain.decode_header(conn.execute("SELECT ledger_id, created_at, origin FROM ledger_header").fetchone())
+    header = chain.Header(*conn.execute("SELECT ledger_id, created_at, origin FROM ledger_header").fetchone())
     prev = header.genesis()
     for row in rows(conn):
         if row.id >= start:

@@ -46,6 +46,12 @@ def open_regular(path: Path) -> int:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise Malformed(f"{_name(path)} is a symlink, not a regular file") from None
+        try:  # a socket refuses the open itself (ENXIO): name what is there
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = stat.S_IFREG
+        if not stat.S_ISREG(mode):
+            raise Malformed(f"{_name(path)} is {_kind(mode)}, not a regular file") from None
         raise Malformed(f"cannot read {_name(path)}: {exc.strerror}") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
