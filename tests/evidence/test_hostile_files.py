@@ -88,6 +88,19 @@ def test_a_fifo_checkpoint_or_ledger_never_hangs(run_cli: Cli, ledger_path: Path
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+def test_a_ledger_behind_a_link_reads_and_a_link_to_a_fifo_is_refused(
+    run_cli: Cli, ledger_path: Path, here: Identity, tmp_path: Path
+) -> None:
+    with Ledger.open(ledger_path) as ledger:
+        add(ledger, here, EvidenceClass.STATIC_CANARY, COMPAT_SUBJECT, Outcome.PASS)
+    (tmp_path / "linked.sqlite3").symlink_to(ledger_path)
+    assert run_cli("evidence", "list", "--ledger", tmp_path / "linked.sqlite3")[0] == 0
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "to-fifo.sqlite3").symlink_to(tmp_path / "fifo")
+    code, _, err = run_cli("evidence", "list", "--ledger", tmp_path / "to-fifo.sqlite3")
+    assert code != 0 and "is a FIFO, not a regular file" in err, err
+
+
 def test_open_regular_refuses_every_other_kind_before_reading(tmp_path: Path) -> None:
     import socket
 
@@ -256,3 +269,22 @@ def test_chain_walk_escapes_the_ledger_id_it_reports(two: Path) -> None:
         report = ledger.check().to_json()
     assert "\x1b" not in report["ledger_id"] and report["ok"] is False
     assert chain.decode_header((PAINT, "t", "{}")).ledger_id == PAINT  # kept exact for the hash
+
+
+def test_refusals_on_stderr_are_escaped_too(signed: Path, tmp_path: Path, keypair: tuple, run_cli: Cli, two: Path) -> None:
+    """The one-line errors the CLI prints on stderr quote stored values as well: a release's version in
+    `refusing to sign`, a record's identity digest in `tampered`. Control: both reached stderr raw."""
+    from ._releases import _edit_statement_unsigned
+
+    target = _tampered_copy(signed, tmp_path, "paint-sign")
+    _edit_statement_unsigned(target, lambda s: s["predicate"]["sglang"].update(version=PAINT))
+    code, out, err = run_cli("release", "sign", target, "--key", keypair[0])
+    assert code == 1 and "refusing to sign" in err and "\\x1b" in err, err
+    assert not any(ch in out + err for ch in "\r\x1b\u202e"), repr(err)
+    conn = open_raw(two)
+    conn.execute("UPDATE records SET identity_digest = ? WHERE id = 2", (PAINT,))
+    rehash(conn, start=2)
+    conn.close()
+    code, out, err = run_cli("evidence", "list")
+    assert code == 2 and "which the ledger lacks" in err, err
+    assert not any(ch in out + err for ch in "\r\x1b\u202e"), repr(err)

@@ -306,4 +306,5 @@ def _with_supersession(records: list[Record]) -> tuple[Record, ...]:
 
 
 def _short(value: str) -> str:
-    return value[:19] + "…" if len(value) > 20 else value
+    """A stored value (a hash, a digest) quoted in a reason: cut, and escaped (a forger chose it)."""
+    return escape_controls(value[:19] + "…" if len(value) > 20 else value)

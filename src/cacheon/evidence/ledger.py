@@ -435,9 +435,10 @@ def _rows(conn: sqlite3.Connection) -> list[Row]:
 
 
 def _check_header(path: Path) -> None:
-    """The file is a regular file that starts as SQLite does (opened non-blocking: a FIFO is refused)."""
+    """The file is a regular file that starts as SQLite does (opened non-blocking: a FIFO is refused). A
+    ledger may be a link to its file, as SQLite follows one: the file it names is what is checked."""
     try:
-        with os.fdopen(open_regular(path), "rb") as fh:
+        with os.fdopen(open_regular(path.resolve()), "rb") as fh:
             head = fh.read(len(_SQLITE_MAGIC))
     except Malformed as exc:
         raise LedgerError(f"ledger {escape_controls(str(path))}: {exc}") from None

@@ -231,7 +231,8 @@ def sign(release_dir: Path, key_path: Path) -> Verification:
     key = keys.load_private_key(key_path)
     check = verify_content(release_dir)
     if not check.ok or check.envelope is None:
-        raise UsageError(f"refusing to sign {release_dir}: " + "; ".join(check.result.problems))
+        shown = "; ".join(escape_controls(p) for p in check.result.problems)  # values from the release
+        raise UsageError(f"refusing to sign {escape_controls(str(release_dir))}: {shown}")
     try:
         signed = dsse.add_signature(check.envelope, key)
     except ValueError as exc:
