@@ -288,3 +288,26 @@ def test_refusals_on_stderr_are_escaped_too(signed: Path, tmp_path: Path, keypai
     code, out, err = run_cli("evidence", "list")
     assert code == 2 and "which the ledger lacks" in err, err
     assert not any(ch in out + err for ch in "\r\x1b\u202e"), repr(err)
+
+
+def test_every_reader_says_which_guarantee_it_got(
+    run_cli: Cli, two: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No checkpoint: chain only. A checkpoint: checked, trusted only when its key is named. A named key
+    with the checkpoint deleted: refused. Control: readers took a chain-verified ledger and said nothing."""
+    code, out, _ = run_cli("evidence", "list", "--json")
+    assert code == 0 and json.loads(out)["guarantee"]["guarantee"] == "chain"
+    key_path, public = keys.keygen(tmp_path / "keys" / "cp")
+    assert run_cli("evidence", "checkpoint", "--key", key_path)[0] == 0
+    for argv in (("evidence", "list", "--json"), ("evidence", "show", "1", "--json"), ("evidence", "state", "--json"),
+                 ("pin", "status", "--json"), ("kv", "contracts", "--json")):
+        code, out, err = run_cli(*argv)
+        assert json.loads(out)["guarantee"]["guarantee"] == "untrusted_checkpoint", (argv, out, err)
+    monkeypatch.setenv("CACHEON_CHECKPOINT_KEY", str(public))
+    code, out, _ = run_cli("evidence", "list")
+    assert code == 0 and "checked   chain + checkpoint #2 signed by a trusted key" in out, out
+    code, out, _ = run_cli("pin", "status")
+    assert "ledger checked: chain + checkpoint #2 signed by a trusted key" in out, out
+    checkpoint.default_path(two).unlink()
+    code, out, err = run_cli("evidence", "list")
+    assert code == 2 and "no checkpoint at" in err and len(err.strip().splitlines()) == 1, out + err

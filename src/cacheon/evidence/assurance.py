@@ -18,8 +18,8 @@ as does a trusted key named with no checkpoint to check.
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from cacheon.evidence import checkpoint, dsse, keys
 from cacheon.evidence.boundary import Malformed
@@ -29,14 +29,15 @@ from cacheon.printable import escape_controls
 
 __all__ = ["CHECKPOINT_KEY_ENV", "Assurance", "Contradicted", "Guarantee", "assess", "trusted_keys"]
 
+
 class Contradicted(Exception):
     """The checkpoint fails the ledger, or cannot be checked; ``str(exc)`` is one line."""
 
 
-def assess(view: VerifiedLedger, path: Path | None = None) -> Assurance:
-    """Check ``view`` against the checkpoint beside it (or at ``path``), if there is one."""
+def assess(view: VerifiedLedger) -> Assurance:
+    """Check ``view`` against the checkpoint beside it, if there is one."""
     trusted = trusted_keys()
-    path = path or checkpoint.default_path(view.path)
+    path = checkpoint.default_path(view.path)
     shown = escape_controls(str(path))
     if not os.path.lexists(path):
         if trusted:
@@ -62,6 +63,7 @@ def assess(view: VerifiedLedger, path: Path | None = None) -> Assurance:
     return Assurance(Guarantee.UNTRUSTED_CHECKPOINT, view.head.seq, payload.seq, tuple(valid))
 
 
-def trusted_keys() -> list[Any]:
+def trusted_keys() -> list[Ed25519PublicKey]:
+    """The checkpoint signers named in ``$CACHEON_CHECKPOINT_KEY`` (none when it is unset)."""
     text = os.environ.get(CHECKPOINT_KEY_ENV, "")
     return [keys.parse_public_key(item.strip()) for item in text.split(",") if item.strip()]
