@@ -80,3 +80,24 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+@pytest.fixture
+def keypair(tmp_path: Path, run_cli: Callable[..., tuple]) -> tuple[Path, str]:
+    """The release signer's key pair (``tmp_path/keys/signer.key``) and its key id."""
+    from ._releases import _keygen
+
+    return _keygen(tmp_path, run_cli, "signer")
+
+
+@pytest.fixture
+def signed(tmp_path: Path, run_cli: Callable[..., tuple], keypair: tuple[Path, str]) -> Path:
+    """A release built from the shared spec and signed once by ``keypair``."""
+    from ._releases import _spec
+
+    out = tmp_path / "rel"
+    code, _, err = run_cli("release", "build", "--spec", _spec(tmp_path), "--out", out)
+    assert code == 0, err
+    code, _, err = run_cli("release", "sign", out, "--key", keypair[0])
+    assert code == 0, err
+    return out

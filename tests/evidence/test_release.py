@@ -4,8 +4,6 @@ and tampering with every field and file."""
 from __future__ import annotations
 
 import base64
-import copy
-import functools
 import json
 import shutil
 import stat
@@ -16,108 +14,21 @@ from typing import Any
 import pytest
 
 from cacheon.canonical import canonical_json
-from cacheon.evidence import keys, release, sbom
+from cacheon.evidence import keys, release
 from cacheon.evidence.ledger import Ledger
-from cacheon.runtime.identity import identity_from_facts
 
-from .conftest import make_identity
-
-IMAGE_DIGEST = "sha256:" + "1f" * 32
-REVISION = "0123456789abcdef0123456789abcdef01234567"
-MODEL_REVISION = "fedcba9876543210fedcba9876543210fedcba98"
-
-
-@functools.cache
-def _environment_sbom() -> bytes:
-    return sbom.environment_sbom()
-
-
-def _spec(tmp: Path, **override: str | None) -> Path:
-    """A release.toml with two artifacts, an identity and an SBOM captured 'inside the image'."""
-    facts = copy.deepcopy(make_identity("0.5.13.post1", gpus=2).facts)
-    facts.update(image_digest=IMAGE_DIGEST, sglang_revision=REVISION, standins=[])
-    facts.update(json.loads(override.pop("facts", None) or "{}"))
-    (tmp / "identity.json").write_text(json.dumps(identity_from_facts(facts).to_json()))
-    (tmp / "bundles").mkdir(exist_ok=True)
-    (tmp / "bundles" / "rmsnorm.tar.gz").write_bytes(bytes(range(256)) * 64)
-    (tmp / "notes.txt").write_text("qualified on 2x H200\n")
-    (tmp / "sbom.cdx.json").write_bytes(_environment_sbom())
-    fields = {
-        "name": '"demo-engine"',
-        "sglang_version": '"0.5.13.post1"',
-        "upstream_revision": f'"{REVISION}"',
-        "base_image": f'"registry.example/sglang@{IMAGE_DIGEST}"',
-        "runtime_identity": '"identity.json"',
-        "sbom": '"sbom.cdx.json"',
-        **override,
-    }
-    top = "".join(f"{k} = {v}\n" for k, v in fields.items() if not k.startswith("serve_") and v is not None)
-    serve = {
-        "tensor_parallel_size": "2",
-        "engine_args": '["--mem-fraction-static", "0.85"]',
-        "env_allowlist": '["HF_TOKEN"]',
-        **{k.removeprefix("serve_"): v for k, v in fields.items() if k.startswith("serve_")},
-    }
-    text = (
-        top
-        + f'[model]\nid = "Qwen/Qwen2.5-0.5B-Instruct"\nrevision = "{MODEL_REVISION}"\n'
-        + "[serve]\n"
-        + "".join(f"{k} = {v}\n" for k, v in serve.items())
-        + '[[artifacts]]\npath = "bundles/rmsnorm.tar.gz"\n'
-        + 'media_type = "application/vnd.cacheon.bundle.v1+tar+gzip"\n'
-        + '[[artifacts]]\npath = "notes.txt"\nmedia_type = "text/plain"\n'
-    )
-    spec = tmp / "release.toml"
-    spec.write_text(text)
-    return spec
-
-
-@pytest.fixture
-def keypair(tmp_path: Path, run_cli: Callable[..., tuple]) -> tuple[Path, str]:
-    return _keygen(tmp_path, run_cli, "signer")
-
-
-def _keygen(tmp_path: Path, run_cli: Callable[..., tuple], name: str) -> tuple[Path, str]:
-    code, out, err = run_cli("release", "keygen", tmp_path / "keys" / name, "--json")
-    assert code == 0, err
-    made = json.loads(out)
-    assert made["key_id"] == (tmp_path / "keys" / f"{name}.pub").read_text().strip()
-    return Path(made["private_key"]), made["key_id"]
-
-
-@pytest.fixture
-def signed(tmp_path: Path, run_cli: Callable[..., tuple], keypair: tuple[Path, str]) -> Path:
-    out = tmp_path / "rel"
-    code, _, err = run_cli("release", "build", "--spec", _spec(tmp_path), "--out", out)
-    assert code == 0, err
-    code, _, err = run_cli("release", "sign", out, "--key", keypair[0])
-    assert code == 0, err
-    return out
-
-
-def _tampered_copy(signed: Path, tmp_path: Path, name: str) -> Path:
-    target = tmp_path / "tampered" / name
-    shutil.copytree(signed, target)
-    return target
-
-
-def _envelope(release_dir: Path) -> dict[str, Any]:
-    return json.loads((release_dir / release.ENVELOPE).read_bytes())
-
-
-def _statement(release_dir: Path) -> dict[str, Any]:
-    return json.loads(base64.b64decode(_envelope(release_dir)["payload"]))
-
-
-def _edit_envelope(release_dir: Path, edit: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-    (release_dir / release.ENVELOPE).write_bytes(canonical_json(edit(_envelope(release_dir))))
-
-
-def _edit_statement(release_dir: Path, edit: Callable[[dict[str, Any]], None]) -> None:
-    statement = _statement(release_dir)
-    edit(statement)
-    payload = base64.b64encode(canonical_json(statement)).decode()
-    _edit_envelope(release_dir, lambda e: {**e, "payload": payload})
+from ._releases import (
+    _edit_envelope,
+    _edit_statement,
+    _edit_statement_unsigned,
+    _envelope,
+    _keygen,
+    _resign,
+    _spec,
+    _statement,
+    _statement_with,
+    _tampered_copy,
+)
 
 
 def test_keygen_modes_and_no_overwrite(tmp_path: Path, run_cli: Callable[..., tuple], keypair: tuple) -> None:
@@ -238,10 +149,11 @@ def test_every_descriptor_field_is_covered_by_the_signature(
                 node = node[key]
             node[path[-1]] = _changed(node[path[-1]])
 
-        _edit_statement(target, edit)
+        _edit_statement_unsigned(target, edit)
         result = release.verify(target, trusted)
         assert not result.ok, path
         assert any("the signature does not verify" in p for p in result.problems), (path, result.problems)
+        assert result.problems[-1].startswith("the statement was not read"), result.problems
 
 
 def test_added_field_is_refused(signed: Path, tmp_path: Path, keypair: tuple) -> None:
@@ -360,10 +272,10 @@ def test_threshold_counts_distinct_trusted_keys(
     code, out, _ = run_cli("release", "verify", signed, "--key", keypair[1], "--key", second, "--threshold", "2")
     assert code == 2 and "1 of 2" in out and "valid, not a trusted key" in out
 
-    copied = _tampered_copy(signed, tmp_path, "same-key-twice")  # one key's signature twice counts once
+    copied = _tampered_copy(signed, tmp_path, "same-key-twice")  # one key's signature twice is refused
     _edit_envelope(copied, lambda e: {**e, "signatures": [e["signatures"][0], e["signatures"][0]]})
     code, out, _ = run_cli("release", "verify", copied, "--key", keypair[1], "--key", second, "--threshold", "2")
-    assert code == 2 and "1 of 2" in out
+    assert code == 2 and "two signatures under one key id" in out
 
     code, out, err = run_cli("release", "sign", signed, "--key", second_key, "--json")
     assert code == 0, err
@@ -468,8 +380,12 @@ def _sparse(path: Path, size: int) -> None:
 
 HOSTILE: dict[str, tuple[Callable[[Path], None], str]] = {
     "deep nesting": (
-        lambda d: (d / release.ENVELOPE).write_bytes(b"[" * 100_000 + b"]" * 100_000),
-        "release.dsse.json is nested too deeply",
+        lambda d: _resign(d, _statement_with(b'{"a":' * 100_000 + b"1" + b"}" * 100_000)),
+        "statement is nested too deeply",
+    ),
+    "nesting the decoder accepts": (  # deep enough to overflow any recursive reader after the decode
+        lambda d: _resign(d, _statement_with(b'{"a":' * 900 + b"1" + b"}" * 900)),
+        "statement is nested more than 64 levels deep",
     ),
     "huge file": (lambda d: _sparse(d / release.ENVELOPE, 5 << 30), "over the 4194304-byte limit"),
     "non-UTF-8": (
@@ -488,22 +404,20 @@ HOSTILE: dict[str, tuple[Callable[[Path], None], str]] = {
     ),
     "not base64": (lambda d: _edit_envelope(d, lambda e: {**e, "payload": "%%%"}), "not standard base64"),
     "payload not canonical": (
-        lambda d: _edit_envelope(d, lambda e: {**e, "payload": base64.b64encode(b'{"_type": 1}').decode()}),
+        lambda d: _resign(d, _statement_with(b"{}").replace(b",", b", ")),
         "statement is not in canonical form",
     ),
     "payload wrong type": (
-        lambda d: _edit_envelope(
-            d, lambda e: {**e, "payload": base64.b64encode(canonical_json({"_type": 1})).decode()}
-        ),
+        lambda d: _resign(d, canonical_json({"_type": 1})),
         "statement: Expected `str`, got `int` - at `$._type`",
     ),
     "float in payload": (
-        lambda d: _edit_envelope(d, lambda e: {**e, "payload": base64.b64encode(b'{"x":1.5}').decode()}),
+        lambda d: _resign(d, _statement_with(b'{"x":1.5}')),
         "statement is not canonical JSON: floats are not canonical",
     ),
     "a directory instead": (
         lambda d: ((d / release.ENVELOPE).unlink(), (d / release.ENVELOPE).mkdir()),
-        "release.dsse.json is not a regular file",
+        "release.dsse.json is a directory, not a regular file",
     ),
     "too many signatures": (
         lambda d: _edit_envelope(d, lambda e: {**e, "signatures": e["signatures"] * 65}),

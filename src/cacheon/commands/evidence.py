@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from cacheon.evidence.ledger import (
     resolve_ledger_path,
 )
 from cacheon.evidence.standing import standing
+from cacheon.printable import escape_controls
 from cacheon.runtime.identity import runtime_identity, summary
 
 
@@ -123,6 +125,7 @@ def run_list(args: argparse.Namespace) -> int:
         "records": [r.to_json() for r in state.history],
         "current": state.counts(),
         "other_identity_records": len(others),
+        "guarantee": ledger.guarantee(),
     }
     if args.all:
         report["other_identity"] = [{**r.to_json(), "scope": "other identity"} for r in others]
@@ -130,17 +133,18 @@ def run_list(args: argparse.Namespace) -> int:
         print_json(report)
         return 0
     facts = known[identity].facts if identity in known else None
-    print(f"ledger    {report['ledger']}")
-    print(f"identity  {identity}{' (this host)' if report['this_host'] else ''}")
-    print(f"          {summary(facts) if facts else 'nothing recorded under this identity'}")
+    _say(f"ledger    {report['ledger']}")
+    _say(f"checked   {report['guarantee']['summary']}")
+    _say(f"identity  {identity}{' (this host)' if report['this_host'] else ''}")
+    _say(f"          {summary(facts) if facts else 'nothing recorded under this identity'}")
     for record in state.history:
-        print(_line(record))
+        _say(_line(record))
     counts = ", ".join(f"{n} {outcome}" for outcome, n in report["current"].items())
-    print(f"current claims: {counts} (superseded records and not_run never count as pass)")
+    _say(f"current claims: {counts} (superseded records and not_run never count as pass)")
     if args.all:
         for record in others:
-            print(_line(record) + f"  [other identity {record.identity_digest[:19]}…]")
-    print(
+            _say(_line(record) + f"  [other identity {record.identity_digest[:19]}…]")
+    _say(
         f"{len(others)} records under other identities: shown as other identity, never counted"
         + ("" if args.all or not others else " (--all lists them)")
     )
@@ -152,11 +156,12 @@ def run_show(args: argparse.Namespace) -> int:
     record = ledger.record(args.record_id)
     identity = ledger.identity(record.identity_digest)
     if args.json:
-        print_json({**record.to_json(), "identity_facts": identity.facts})
+        print_json({**record.to_json(), "identity_facts": identity.facts, "guarantee": ledger.guarantee()})
         return 0
-    print(_line(record))
-    print(f"identity  {identity.digest}\n          {summary(identity.facts)}")
-    print("details   " + json.dumps(record.details, indent=2, sort_keys=True).replace("\n", "\n          "))
+    _say(_line(record))
+    _say(f"checked   {ledger.guarantee()['summary']}")
+    _say(f"identity  {identity.digest}\n          {summary(identity.facts)}")
+    _say("details   " + json.dumps(record.details, indent=2, sort_keys=True).replace("\n", "\n          "))
     return 0
 
 
@@ -168,7 +173,7 @@ def run_correct(args: argparse.Namespace) -> int:
     if args.json:
         print_json(record.to_json())
     else:
-        print(f"recorded #{new_id}, superseding #{args.record_id}: {record.outcome} ({args.reason})")
+        _say(f"recorded #{new_id}, superseding #{args.record_id}: {record.outcome} ({args.reason})")
     return 0
 
 
@@ -236,29 +241,30 @@ def _limits(report: dict[str, Any]) -> list[str]:
 def _print_verify(report: dict[str, Any], check: ChainCheck) -> None:
     head = report["head"]
     if report["ok"]:
-        print(f"OK ledger {report['ledger']}: {report['records']} records, every link holds")
-        print(f"head      {head['seq']}:{head['hash']}")
+        _say(f"OK ledger {report['ledger']}: {report['records']} records, every link holds")
+        _say(f"head      {head['seq']}:{head['hash']}")
     else:
-        print(f"FAIL ledger {report['ledger']}: {report['problems'][0]}")
+        _say(f"FAIL ledger {report['ledger']}: {report['problems'][0]}")
         for problem in report["problems"][1:]:
-            print(f"  - {problem}")
+            _say(f"  - {problem}")
     origin = report["origin"] or {}
     if origin.get("kind") == "migrated":
-        print(
+        _say(
             f"origin    migrated from an unchained ledger with {origin['records']} records: the chain vouches "
             "for them as they were at migration, not for what happened to the file before"
         )
     cp = report["checkpoint"]
     if cp and cp["ok"]:
         signers = ", ".join(s[:16] + "…" for s in cp["signers"])
-        print(f"checkpoint #{cp['seq']} signed {cp['signed_at']} by {signers}: held")
+        _say(f"checkpoint #{cp['seq']} signed {cp['signed_at']} by {signers}: held")
     for limit in report["limits"]:
-        print(f"note      {limit}")
+        _say(f"note      {limit}")
 
 
 def run_checkpoint(args: argparse.Namespace) -> int:
     key = keys.load_private_key(args.key)
-    view = open_verified_ledger(args.ledger)
+    with open_ledger(args.ledger, for_write=False) as ledger:  # the existing checkpoint is checked below
+        view = ledger.verified()
     out = args.out or checkpoint.default_path(view.path)
     if out.exists():
         try:
@@ -282,8 +288,8 @@ def run_checkpoint(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
     else:
-        print(f"checkpoint {out}: ledger {view.header.ledger_id} head {view.head.seq}:{view.head.hash}")
-        print(f"signed by  {result['signer']} (keep a copy where the ledger's writers cannot write)")
+        _say(f"checkpoint {out}: ledger {view.header.ledger_id} head {view.head.seq}:{view.head.hash}")
+        _say(f"signed by  {result['signer']} (keep a copy where the ledger's writers cannot write)")
     return 0
 
 
@@ -298,19 +304,27 @@ def run_migrate(args: argparse.Namespace) -> int:
     else:
         chained = origin.get("records", 0) if origin.get("kind") == "migrated" else 0
         head = check.head.seq if check.head else 0
-        print(f"ledger {path} is chained (head #{head}); records chained by migration: {chained}")
+        _say(f"ledger {path} is chained (head #{head}); records chained by migration: {chained}")
     return 0
 
 
 def run_state(args: argparse.Namespace) -> int:
     from cacheon.evidence.state import state_of_record
 
-    record = state_of_record(open_verified_ledger(args.ledger))
+    ledger = open_verified_ledger(args.ledger)
+    record = state_of_record(ledger)
     if args.json:
-        print_json(record.to_json())
+        print_json({**record.to_json(), "guarantee": ledger.guarantee()})
     else:
-        print(record.to_markdown(), end="")
+        _say(record.to_markdown(), end="")
+        print(escape_controls(f"checked: {ledger.guarantee()['summary']}"), file=sys.stderr)  # the page stays as is
     return 0
+
+
+def _say(text: str, end: str = "\n") -> None:
+    """Print a line of the report; every value in it may come from the ledger or a checkpoint file, so
+    every character that is not plain text is escaped (none can erase a line or draw one)."""
+    print(escape_controls(text, keep_newlines=True), end=end)
 
 
 def _line(record: Record) -> str:

@@ -22,6 +22,7 @@ from cacheon.kv.hashing import page_hashes
 from cacheon.kv.subscriber import Subscriber
 from cacheon.kv.transport import Live, LiveSocket, rank_endpoint
 from cacheon.kv.wire import WireBounds, WireDecoder, WireReject, event_json
+from cacheon.printable import escape_controls
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -77,9 +78,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     listing.set_defaults(handler=run_contracts)
 
 
-def _registry(ledger_path: str | None) -> tuple[contracts.WireContract, ...]:
+def _registry(ledger_path: str | None) -> tuple[tuple[contracts.WireContract, ...], dict[str, Any] | None]:
     """Promotion comes from the ledger: only a real engine's pass makes a contract ``validated``.
-    No ledger yet means no evidence yet; a ledger named with --ledger must exist."""
+    No ledger yet means no evidence yet; a ledger named with --ledger must exist. Also what the
+    ledger read was checked against (None when there is no ledger)."""
     from cacheon.evidence.ledger import LEDGER_ENV, default_ledger_path, open_verified_ledger
     from cacheon.evidence.promotion import validated_contracts
 
@@ -87,24 +89,26 @@ def _registry(ledger_path: str | None) -> tuple[contracts.WireContract, ...]:
     if not path.exists():
         if ledger_path:
             raise UsageError(f"no ledger at {path}")
-        return contracts.CONTRACTS
+        return contracts.CONTRACTS, None
     ledger = open_verified_ledger(path)
     validated = validated_contracts(ledger, {c.id: c.versions for c in contracts.CONTRACTS})
-    return contracts.promoted(validated)
+    return contracts.promoted(validated), ledger.guarantee()
 
 
 def run_contracts(args: argparse.Namespace) -> int:
-    registry = _registry(args.ledger)
+    registry, guarantee = _registry(args.ledger)
     if args.json:
-        print_json({"contracts": [c.describe() for c in registry]})
+        print_json({"contracts": [c.describe() for c in registry], "guarantee": guarantee})
         return 0
     print(f"{'CONTRACT':<20}{'SGLANG':<24}{'ENCODING':<14}{'REPLAY':<11}{'HASHES':<10}{'REAL ENGINE':<14}PROMOTION")
     for c in registry:
         hashes = "checked" if c.hash_checked else "declared"
         proven = ", ".join(c.engine_proven) or "-"
-        print(f"{c.id:<20}{', '.join(c.versions):<24}{c.encoding:<14}{c.replay_framing:<11}{hashes:<10}{proven:<14}"
-              f"{c.promotion}")
+        print(escape_controls(f"{c.id:<20}{', '.join(c.versions):<24}{c.encoding:<14}{c.replay_framing:<11}"
+                              f"{hashes:<10}{proven:<14}{c.promotion}"))
         print(f"{'':<20}{c.summary}")
+    checked = f"ledger checked: {guarantee['summary']}" if guarantee else "no ledger yet: nothing promoted"
+    print(escape_controls(checked))
     return 0
 
 

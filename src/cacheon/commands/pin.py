@@ -16,6 +16,7 @@ from cacheon.evidence.gates import (
     record_step,
 )
 from cacheon.evidence.ledger import VerifiedLedger, open_ledger, open_verified_ledger
+from cacheon.printable import escape_controls
 from cacheon.runtime.identity import Identity, runtime_identity, summary
 
 
@@ -61,9 +62,10 @@ def run_status(args: argparse.Namespace) -> int:
     statuses = [evaluate(ledger, identity) for identity in identities]
     target = args.target or (identities[0].sglang_version if identities else None)
     if args.json:
-        print_json({"target": target, "identities": [_json(s) for s in statuses]})
+        print_json({"target": target, "identities": [_json(s) for s in statuses], "guarantee": ledger.guarantee()})
     else:
         _print_status(target, statuses)
+        print(escape_controls(f"ledger checked: {ledger.guarantee()['summary']}"))
     return 0 if any(s.all_met for s in statuses) else 2
 
 
@@ -76,6 +78,7 @@ def run_plan(args: argparse.Namespace) -> int:
             "gates": [{"number": g.number, "title": g.title, "run": g.how.replace("VERSION", args.to),
                        "needs_gpu": g.needs_gpu} for g in GATES],
             "identities": [_json(s) for s in statuses],
+            "guarantee": ledger.guarantee(),
         })
         return 0
     print(f"pin bump to sglang {args.to}: each gate needs evidence under the candidate's exact identity")
@@ -91,6 +94,7 @@ def run_plan(args: argparse.Namespace) -> int:
         left = [r for r in status.results if r.verdict.status != "met"]
         todo = ", ".join(f"{r.gate.number} ({r.verdict.status})" for r in left) or "none: all gates met"
         print(f"identity {status.identity.digest}: left: {todo}")
+    print(escape_controls(f"ledger checked: {ledger.guarantee()['summary']}"))
     return 0
 
 
@@ -138,11 +142,12 @@ def _print_status(target: str | None, statuses: list[IdentityStatus]) -> None:
             f"(run `cacheon pin freeze --to {target}` on the candidate host)"
         )
     for status in statuses:
-        print(f"identity {status.identity.digest}\n  {summary(status.identity.facts)}")
+        print(f"identity {status.identity.digest}\n  {escape_controls(summary(status.identity.facts))}")
         for result in status.results:
             records = " ".join(f"#{r.id}" for r in result.verdict.records)
             gate, verdict = result.gate, result.verdict
             tail = f"  [{records}]" if records else ""
-            print(f"  {gate.number} {verdict.status:<8} {gate.title}: {verdict.reason}{tail}")
+            print(escape_controls(f"  {gate.number} {verdict.status:<8} {gate.title}: {verdict.reason}{tail}"))
         others = ", ".join(f"{version}: {n} records" for version, n in status.other_pins.items()) or "none"
-        print(f"  prior results under other pins (kept with their original pin, never counted): {others}")
+        print(escape_controls(f"  prior results under other pins (kept with their original pin, never counted): "
+                              f"{others}"))

@@ -13,6 +13,7 @@ from cacheon.errors import UsageError
 from cacheon.evidence import keys, legacy, release, sbom
 from cacheon.evidence.classes import EvidenceClass, release_subject
 from cacheon.evidence.record import add_record_arguments, record_from_cli
+from cacheon.printable import escape_controls
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -127,7 +128,7 @@ def run_sign(args: argparse.Namespace) -> int:
         print_json({**result.to_json(), "signed_by": result.signers})
     else:
         count = len(result.signatures)
-        print(f"signed release {result.release_digest} ({count} signature{'s' if count != 1 else ''} now)")
+        print(f"signed release {result.release_digest} ({count} signature{'s' if count != 1 else ''} now)")  # ours
     return 0
 
 
@@ -143,11 +144,11 @@ def run_verify(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result.to_json())
     elif result.ok:
-        print(_ok_line(result.to_json()))
-    else:
-        print(f"FAIL release {args.release_dir}:")
+        print(escape_controls(_ok_line(result.to_json())))
+    else:  # every value in a problem may come from the release: escaped, so none can redraw the report
+        print(f"FAIL release {escape_controls(str(args.release_dir))}:")
         for problem in result.problems:
-            print(f"  - {problem}")
+            print(f"  - {escape_controls(problem)}")
     record_from_cli(
         args,
         evidence_class=EvidenceClass.RELEASE_SIGNATURE,

@@ -16,20 +16,26 @@ head the verifier already knows: a signed checkpoint (:mod:`cacheon.evidence.che
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
+
 from cacheon.canonical import digest
+from cacheon.evidence.boundary import Malformed, check_depth, convert
+from cacheon.evidence.classes import EvidenceClass, Outcome
+from cacheon.evidence.facts import Facts
+from cacheon.printable import escape_controls
 from cacheon.runtime.identity import Identity, identity_from_facts
 
 RECORD_DOMAIN = "cacheon.ledger-record.v2"
 GENESIS_DOMAIN = "cacheon.ledger-genesis.v1"
 
 
-@dataclass(frozen=True)
-class Header:
-    """The ledger's one header row, fixed at creation (or at migration from an unchained ledger)."""
+class Header(msgspec.Struct, frozen=True, array_like=True):
+    """The ledger's one header row, fixed at creation (or at migration from an unchained ledger); decoded
+    from the row by type, so a column of another type (a table rebuilt without STRICT) is a break."""
 
     ledger_id: str
     created_at: str
@@ -42,9 +48,8 @@ class Header:
         return json.loads(self.origin)
 
 
-@dataclass(frozen=True)
-class Row:
-    """One record row exactly as stored."""
+class Row(msgspec.Struct, frozen=True, array_like=True):
+    """One record row exactly as stored, decoded by type (``SELECT`` order is field order)."""
 
     id: int
     evidence_class: str
@@ -143,7 +148,7 @@ class ChainCheck:
     def to_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
-            "ledger_id": self.header.ledger_id if self.header else None,
+            "ledger_id": escape_controls(self.header.ledger_id) if self.header else None,
             "origin": self.header.origin_json() if self.header else None,
             "records": self.rows,
             "head": self.head.to_json() if self.head else None,
@@ -151,22 +156,63 @@ class ChainCheck:
         }
 
 
-def walk(header: Header | None, rows: Iterable[Row], identity_facts: Mapping[str, str]) -> ChainCheck:
-    """Check every link from the genesis to the last record; stop at the first broken one."""
-    rows = list(rows)
+class Unreadable(Exception):
+    """A stored row that does not decode into its typed struct; ``str(exc)`` is one line."""
+
+
+def decode_row(raw: Sequence[Any]) -> Row:
+    try:
+        return msgspec.convert(list(raw), Row, strict=True)
+    except msgspec.ValidationError as exc:
+        where = str(raw[0]) if raw and isinstance(raw[0], int) else "?"
+        raise Unreadable(f"record #{where} has a column of the wrong type ({_first(exc)})") from None
+
+
+def decode_header(raw: Sequence[Any]) -> Header:
+    try:
+        header = msgspec.convert(list(raw), Header, strict=True)
+        json.loads(header.origin)
+    except (msgspec.ValidationError, ValueError, RecursionError) as exc:
+        raise Unreadable(f"the ledger header does not read back ({_first(exc)})") from None
+    return header
+
+
+def walk(
+    header: Sequence[Any] | None, rows: Iterable[Sequence[Any]], identity_facts: Iterable[Sequence[Any]]
+) -> ChainCheck:
+    """Check every link from the genesis to the last record; stop at the first broken one.
+
+    Everything is decoded here, from the stored rows, into typed structs (header, rows, each
+    record's details and each identity's facts, depth-bounded): a value of the wrong type or shape is
+    a break of the chain at that record, so no reader ever meets one.
+    """
+    raw_rows = list(rows)
     if header is None:
-        first = rows[0].id if rows else 1
-        return ChainCheck(None, len(rows), None, Break(first, "the ledger header is missing (it was deleted)"))
-    head = Head(0, header.genesis())
+        first = raw_rows[0][0] if raw_rows and isinstance(raw_rows[0][0], int) else 1
+        return ChainCheck(None, len(raw_rows), None, Break(first, "the ledger header is missing (it was deleted)"))
+    try:
+        decoded = decode_header(header)
+    except Unreadable as exc:
+        return ChainCheck(None, len(raw_rows), None, Break(1, str(exc)))
+    head = Head(0, decoded.genesis())
+    facts = {str(d): f for d, f in (tuple(pair) for pair in identity_facts)}
     records: list[Record] = []
     identities: dict[str, Identity] = {}
-    for row in rows:
-        problem = _link_problem(row, head) or _content_problem(row, identity_facts, identities)
-        if problem:
-            return ChainCheck(header, len(rows), head, Break(problem[0], problem[1]))
-        records.append(_record(row))
+    for raw in raw_rows:
+        try:
+            row = decode_row(raw)
+        except Unreadable as exc:
+            return ChainCheck(decoded, len(raw_rows), head, Break(head.seq + 1, str(exc)))
+        problem = _link_problem(row, head) or _content_problem(row, facts, identities)
+        if isinstance(problem, tuple):
+            return ChainCheck(decoded, len(raw_rows), head, Break(problem[0], problem[1]))
+        records.append(_record(row, problem))
         head = Head(row.id, row.record_hash)
-    return ChainCheck(header, len(rows), head, None, _with_supersession(records), identities)
+    return ChainCheck(decoded, len(raw_rows), head, None, _with_supersession(records), identities)
+
+
+def _first(exc: BaseException) -> str:
+    return escape_controls(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
 
 
 def _link_problem(row: Row, head: Head) -> tuple[int, str] | None:
@@ -190,39 +236,62 @@ def _link_problem(row: Row, head: Head) -> tuple[int, str] | None:
 
 
 def _content_problem(
-    row: Row, identity_facts: Mapping[str, str], identities: dict[str, Identity]
-) -> tuple[int, str] | None:
-    """The parts a record points to: its identity's facts and its details must still read back."""
+    row: Row, identity_facts: Mapping[str, Any], identities: dict[str, Identity]
+) -> tuple[int, str] | dict[str, Any]:
+    """The parts a record points to must read back as what they claim: its class and outcome known, its
+    details a depth-bounded object, its identity's facts a captured identity that hashes to the digest.
+    Returns the problem, or the decoded details."""
+    if row.evidence_class not in _CLASSES or row.outcome not in _OUTCOMES:
+        return row.id, f"record #{row.id} has an unknown evidence class or outcome (written outside cacheon)"
     try:
-        json.loads(row.details)
-    except ValueError:
-        return row.id, f"record #{row.id} has unreadable details"
+        details: dict[str, Any] = _decoded(row.details, dict[str, Any], f"record #{row.id} details")
+    except Malformed as exc:
+        return row.id, f"{exc}: unreadable details"
     if row.identity_digest in identities:
-        return None
-    facts = identity_facts.get(row.identity_digest)
-    if facts is None:
+        return details
+    facts_text = identity_facts.get(row.identity_digest)
+    if facts_text is None:
         missing = _short(row.identity_digest)
         return row.id, f"record #{row.id} names identity {missing}, which the ledger lacks (deleted)"
     try:
-        identity = identity_from_facts(json.loads(facts))
-    except (ValueError, TypeError):
+        facts = _decoded(facts_text, dict[str, Any], "facts")
+        convert(facts, Facts, "facts")
+        identity: Identity | None = identity_from_facts(facts)
+    except (Malformed, TypeError):
         identity = None
     if identity is None or identity.digest != row.identity_digest:
         return row.id, (
-            f"record #{row.id}: the facts of identity {_short(row.identity_digest)} no longer hash to it (edited)"
+            f"record #{row.id}: the facts of identity {_short(row.identity_digest)} no longer hash to it, "
+            "or are not a captured identity (edited)"
         )
     identities[row.identity_digest] = identity
-    return None
+    return details
 
 
-def _record(row: Row) -> Record:
+_CLASSES = frozenset(c.value for c in EvidenceClass)
+_OUTCOMES = frozenset(o.value for o in Outcome)
+
+
+def _decoded(text: Any, kind: Any, what: str) -> Any:
+    """Stored JSON text into ``kind``, depth-bounded; :class:`Malformed` for anything else."""
+    if not isinstance(text, str):
+        raise Malformed(f"{what} are not text")
+    try:
+        value = msgspec.json.decode(text, type=kind, strict=True)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise Malformed(f"{what} do not decode ({_first(exc)})") from None
+    check_depth(value, what)
+    return value
+
+
+def _record(row: Row, details: dict[str, Any]) -> Record:
     return Record(
         row.id,
         row.evidence_class,
         row.subject,
         row.identity_digest,
         row.outcome,
-        json.loads(row.details),
+        details,
         row.recorded_at,
         row.supersedes,
         None,
@@ -237,4 +306,5 @@ def _with_supersession(records: list[Record]) -> tuple[Record, ...]:
 
 
 def _short(value: str) -> str:
-    return value[:19] + "…" if len(value) > 20 else value
+    """A stored value (a hash, a digest) quoted in a reason: cut, and escaped (a forger chose it)."""
+    return escape_controls(value[:19] + "…" if len(value) > 20 else value)

@@ -32,6 +32,7 @@ from cacheon.evidence import dsse
 from cacheon.evidence.boundary import Malformed, decode_json, read_bounded, replace_file
 from cacheon.evidence.chain import Head
 from cacheon.evidence.view import VerifiedLedger
+from cacheon.printable import escape_controls
 
 PAYLOAD_TYPE = "application/vnd.cacheon.ledger-checkpoint.v1+json"
 SCHEMA = "cacheon.ledger-checkpoint.v1"
@@ -100,8 +101,8 @@ def contradiction(view: VerifiedLedger, ledger_id: str | None, expected: Head) -
     """Why the ledger does not hold ``expected`` (a checkpoint's or a remembered head), or None."""
     if ledger_id is not None and ledger_id != view.header.ledger_id:
         return (
-            f"the checkpoint is for ledger {ledger_id}, this file is ledger {view.header.ledger_id}: "
-            "the ledger file was replaced"
+            f"the checkpoint is for ledger {escape_controls(ledger_id[:80])}, this file is ledger "
+            f"{escape_controls(view.header.ledger_id[:80])}: the ledger file was replaced"
         )
     if expected.seq > view.head.seq:
         return (

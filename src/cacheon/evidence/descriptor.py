@@ -14,6 +14,8 @@ import re
 from typing import Any
 
 from cacheon.canonical import digest
+from cacheon.evidence.boundary import Malformed, convert
+from cacheon.evidence.facts import Facts
 from cacheon.evidence.sbom import MEDIA_TYPE as SBOM_MEDIA_TYPE
 from cacheon.runtime.identity import identity_digest
 
@@ -144,8 +146,12 @@ def _identity_fields(d: dict[str, Any]) -> list[str]:
     """The runtime identity must be the image's own and agree with what the descriptor pins."""
     ident, found = d["runtime_identity"], []
     facts = ident["facts"]
-    if not isinstance(facts, dict) or not isinstance(facts.get("packages"), dict):
-        return ["runtime_identity.facts is not a captured identity (use `cacheon identity --json`)"]
+    try:
+        convert(facts, Facts, "runtime_identity.facts")
+    except Malformed as exc:
+        return [f"{exc}: not a captured identity (use `cacheon identity --json`)"]
+    if "packages" not in facts:
+        return ["runtime_identity.facts lacks 'packages': not a captured identity (use `cacheon identity --json`)"]
     try:
         recomputed = identity_digest(facts)
     except TypeError as exc:

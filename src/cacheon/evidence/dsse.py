@@ -4,7 +4,8 @@ A signature covers the pre-authentication encoding ``PAE(type, body) = "DSSEv1" 
 type SP LEN(body) SP body`` (LEN: the byte length in ASCII decimal), never the body alone: a
 signature made for one payload type can never be replayed as another (a ledger checkpoint as a
 release, say), and no byte of the body can be shifted into the type. One envelope may carry
-several signatures; a key counts once however often it signed, and only trusted keys count.
+several signatures, one per key (two under one key id are refused, as securesystemslib refuses
+them); only trusted keys count.
 The key id is the signer's public key in hex: a hint for messages, never trusted by itself.
 """
 
@@ -79,6 +80,9 @@ def check_signatures(envelope: Envelope, trusted: Iterable[Ed25519PublicKey]) ->
     """Each signature checked under the key its key id names (trusted or not)."""
     if len(envelope.signatures) > MAX_SIGNATURES:
         raise Malformed(f"envelope has {len(envelope.signatures)} signatures, over the limit of {MAX_SIGNATURES}")
+    named = [s.keyid.lower() for s in envelope.signatures]
+    if len(set(named)) != len(named):  # as securesystemslib refuses it: one signature per key
+        raise Malformed("envelope carries two signatures under one key id (a key signs once)")
     trusted_ids = {keys.public_hex(k) for k in trusted}
     checks = []
     for signature in envelope.signatures:

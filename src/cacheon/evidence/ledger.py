@@ -18,17 +18,22 @@ import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import astuple, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from cacheon.canonical import canonical_json
 from cacheon.errors import CacheonError
 from cacheon.evidence import chain
+from cacheon.evidence.assurance import Contradicted, assess
+from cacheon.evidence.boundary import Malformed, open_regular
 from cacheon.evidence.chain import ChainCheck, Head, Header, Record, Row
 from cacheon.evidence.classes import EvidenceClass, Outcome
 from cacheon.evidence.view import VerifiedLedger
+from cacheon.printable import escape_controls
 from cacheon.runtime.identity import Identity, identity_digest
 
 __all__ = [
@@ -129,8 +134,7 @@ def _chain_v1(conn: sqlite3.Connection) -> None:
         conn.execute("UPDATE records SET prev_hash = ?, record_hash = ? WHERE id = ?", (prev, filled, row.id))
         prev = filled
     conn.execute(_NO_UPDATE_RECORDS)
-    facts = dict(conn.execute("SELECT digest, facts FROM identities").fetchall())
-    broken = chain.walk(header, _rows(conn), facts).broken
+    broken = _walk(conn).broken
     if broken is not None:  # e.g. an identity whose facts were edited: chaining would bless it
         raise LedgerError(f"cannot migrate: {broken.reason}; keep the file as it is and start a new ledger")
 
@@ -188,10 +192,17 @@ def open_verified_ledger(explicit: str | Path | None) -> VerifiedLedger:
     """The one way to read the ledger: open it, walk its hash chain, and return the verified records.
 
     A broken chain raises :class:`LedgerTampered` (exit 2) naming the first broken record, and
-    nothing of the ledger is returned. A default ledger that does not exist yet reads as empty.
+    nothing of the ledger is returned; so does a checkpoint beside the ledger that the ledger
+    contradicts (:mod:`.assurance`). The view says which guarantee the read got. A default ledger
+    that does not exist yet reads as empty.
     """
     with open_ledger(str(explicit) if explicit is not None else None, for_write=False) as ledger:
-        return ledger.verified()
+        view = ledger.verified()
+    try:
+        return replace(view, assurance=assess(view))
+    except Contradicted as exc:
+        raise LedgerTampered(f"ledger {escape_controls(str(view.path))} is not the ledger its checkpoint "
+                             f"vouches for: {exc}; nothing was read") from None
 
 
 class Ledger:
@@ -295,11 +306,11 @@ class Ledger:
             prev_hash=head.hash,
             record_hash="",
         )
-        row = replace(row, record_hash=row.computed_hash())
+        row = msgspec.structs.replace(row, record_hash=row.computed_hash())
         try:
             self._conn.execute(
                 f"INSERT INTO records({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})",
-                astuple(row),
+                msgspec.structs.astuple(row),
             )
         except sqlite3.IntegrityError as exc:
             if "records.supersedes" in str(exc):
@@ -329,10 +340,7 @@ class Ledger:
         return VerifiedLedger.from_check(self.path, check)
 
     def _walk(self) -> ChainCheck:
-        row = self._conn.execute("SELECT ledger_id, created_at, origin FROM ledger_header").fetchone()
-        header = Header(*row) if row else None
-        facts = dict(self._conn.execute("SELECT digest, facts FROM identities").fetchall())
-        return chain.walk(header, _rows(self._conn), facts)
+        return _walk(self._conn)
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -407,16 +415,33 @@ class Ledger:
         return int(app_id), int(version)
 
 
-_COLUMNS = tuple(f.name for f in fields(Row))  # the stored columns, in Row's order
+_COLUMNS = Row.__struct_fields__  # the stored columns, in Row's order
+_SELECT_ROWS = f"SELECT {', '.join(_COLUMNS)} FROM records ORDER BY id"
+
+
+def _walk(conn: sqlite3.Connection) -> ChainCheck:
+    """The chain as stored: the walk decodes every row itself (what is checked is what is read)."""
+    header = conn.execute("SELECT ledger_id, created_at, origin FROM ledger_header").fetchone()
+    facts = conn.execute("SELECT digest, facts FROM identities").fetchall()
+    return chain.walk(header, conn.execute(_SELECT_ROWS).fetchall(), facts)
 
 
 def _rows(conn: sqlite3.Connection) -> list[Row]:
-    return [Row(*row) for row in conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM records ORDER BY id")]
+    """The rows decoded by type (for migration); a row that does not decode is refused."""
+    try:
+        return [chain.decode_row(raw) for raw in conn.execute(_SELECT_ROWS)]
+    except chain.Unreadable as exc:
+        raise LedgerError(f"cannot migrate: {exc}; keep the file as it is and start a new ledger") from None
 
 
 def _check_header(path: Path) -> None:
-    with path.open("rb") as fh:
-        head = fh.read(len(_SQLITE_MAGIC))
+    """The file is a regular file that starts as SQLite does (opened non-blocking: a FIFO is refused). A
+    ledger may be a link to its file, as SQLite follows one: the file it names is what is checked."""
+    try:
+        with os.fdopen(open_regular(path.resolve()), "rb") as fh:
+            head = fh.read(len(_SQLITE_MAGIC))
+    except Malformed as exc:
+        raise LedgerError(f"ledger {escape_controls(str(path))}: {exc}") from None
     if head and head != _SQLITE_MAGIC:
         raise LedgerError(f"{path} is not a Cacheon ledger (not an SQLite database file)")
 

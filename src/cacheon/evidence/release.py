@@ -29,8 +29,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cacheon.canonical import canonical_json
 from cacheon.errors import UsageError
 from cacheon.evidence import dsse, keys, sbom
-from cacheon.evidence.boundary import Malformed, decode_json, read_bounded, replace_file
+from cacheon.evidence.boundary import Malformed, decode_json, is_regular, read_bounded, replace_file, sha256_regular
 from cacheon.evidence.descriptor import RELEASE_DOMAIN, is_artifact_name, problems, release_digest
+from cacheon.printable import escape_controls
 from cacheon.runtime.identity import identity_from_facts
 
 ENVELOPE = "release.dsse.json"
@@ -230,7 +231,8 @@ def sign(release_dir: Path, key_path: Path) -> Verification:
     key = keys.load_private_key(key_path)
     check = verify_content(release_dir)
     if not check.ok or check.envelope is None:
-        raise UsageError(f"refusing to sign {release_dir}: " + "; ".join(check.result.problems))
+        shown = "; ".join(escape_controls(p) for p in check.result.problems)  # values from the release
+        raise UsageError(f"refusing to sign {escape_controls(str(release_dir))}: {shown}")
     try:
         signed = dsse.add_signature(check.envelope, key)
     except ValueError as exc:
@@ -253,7 +255,9 @@ class _Content:
 
 
 def verify(release_dir: Path, trusted: Sequence[Ed25519PublicKey], *, threshold: int = 1) -> Verification:
-    """Content (statement, artifacts, SBOM, tree) and at least ``threshold`` distinct trusted signers."""
+    """At least ``threshold`` distinct trusted signers first, then the content (statement, artifacts, SBOM,
+    tree): nothing a signature does not vouch for is parsed, so an unsigned statement costs one bounded
+    read of the envelope however large or hostile what it names."""
     distinct = {keys.public_hex(k) for k in trusted}
     if threshold < 1:
         raise UsageError("--threshold must be at least 1")
@@ -261,13 +265,11 @@ def verify(release_dir: Path, trusted: Sequence[Ed25519PublicKey], *, threshold:
         raise UsageError(
             f"--threshold {threshold} needs at least {threshold} distinct trusted keys; {len(distinct)} given"
         )
-    content = verify_content(release_dir)
-    result = content.result
-    result.threshold = threshold
-    if content.envelope is None:
-        return result
+    _refuse_legacy(release_dir)
+    result = Verification(release_dir, threshold=threshold)
     try:
-        result.signatures = dsse.check_signatures(content.envelope, trusted)
+        envelope = _read_envelope(release_dir / ENVELOPE)
+        result.signatures = dsse.check_signatures(envelope, trusted)
     except Malformed as exc:
         result.problems.append(str(exc))
         return result
@@ -278,6 +280,10 @@ def verify(release_dir: Path, trusted: Sequence[Ed25519PublicKey], *, threshold:
         result.problems.append(
             f"threshold not met: {len(result.signers)} of {threshold} required trusted keys signed ({seen})"
         )
+    if result.problems:
+        result.problems.append("the statement was not read: nothing a trusted signature does not vouch for is parsed")
+        return result
+    _check_content(release_dir, envelope, result)
     return result
 
 
@@ -296,22 +302,37 @@ def _describe(check: dsse.SignatureCheck) -> str:
 
 
 def verify_content(release_dir: Path) -> _Content:
-    """Everything but the signatures."""
-    if not release_dir.is_dir():
-        raise UsageError(f"{release_dir} is not a release directory")
-    if not (release_dir / ENVELOPE).exists() and all((release_dir / f).exists() for f in LEGACY_FILES):
-        raise UsageError(
-            f"{release_dir} is a legacy release (descriptor.json + signature.json, no attestation): verify it "
-            "with `release verify --legacy --key PUB`, or rebuild and re-sign it as an attestation "
-            "(`cacheon release build --spec … --out NEW` then `cacheon release sign NEW --key …`)"
-        )
+    """Everything but the signatures (what a signer checks before adding one)."""
+    _refuse_legacy(release_dir)
     result = Verification(release_dir)
     try:
-        envelope, statement = _read_statement(release_dir / ENVELOPE)
+        envelope = _read_envelope(release_dir / ENVELOPE)
     except Malformed as exc:
         result.problems.append(str(exc))
         check_tree(release_dir, {ENVELOPE}, {}, result)
         return _Content(result)
+    _check_content(release_dir, envelope, result)
+    return _Content(result, envelope)
+
+
+def _refuse_legacy(release_dir: Path) -> None:
+    if not release_dir.is_dir():
+        raise UsageError(f"{escape_controls(str(release_dir))} is not a release directory")
+    if not (release_dir / ENVELOPE).exists() and all((release_dir / f).exists() for f in LEGACY_FILES):
+        raise UsageError(
+            f"{escape_controls(str(release_dir))} is a legacy release (descriptor.json + signature.json, no "
+            "attestation): verify it with `release verify --legacy --key PUB`, or rebuild and re-sign it as an "
+            "attestation (`cacheon release build --spec … --out NEW` then `cacheon release sign NEW --key …`)"
+        )
+
+
+def _check_content(release_dir: Path, envelope: dsse.Envelope, result: Verification) -> None:
+    try:
+        statement = _read_statement(envelope)
+    except Malformed as exc:
+        result.problems.append(str(exc))
+        check_tree(release_dir, {ENVELOPE}, {}, result)
+        return
     result.statement_digest = _sha256(envelope.body())
     descriptor = statement.predicate
     result.problems += [f"predicate: {p}" for p in problems(descriptor)]
@@ -326,19 +347,22 @@ def verify_content(release_dir: Path) -> _Content:
         check_artifact(release_dir / ARTIFACTS / name, artifact, result)
     if not result.problems:
         result.problems += _sbom_problems(release_dir, descriptor)
-    return _Content(result, envelope)
 
 
-def _read_statement(path: Path) -> tuple[dsse.Envelope, Statement]:
+def _read_envelope(path: Path) -> dsse.Envelope:
     envelope = decode_json(read_bounded(path, MAX_ENVELOPE_BYTES), dsse.Envelope, path.name, canonical=True)
     if envelope.payload_type != PAYLOAD_TYPE:
         raise Malformed(f"{path.name}: payload type {envelope.payload_type[:80]!r}, expected {PAYLOAD_TYPE!r}")
+    return envelope
+
+
+def _read_statement(envelope: dsse.Envelope) -> Statement:
     statement = decode_json(envelope.body(), Statement, "statement", canonical=True)
     if statement.type != STATEMENT_TYPE:
         raise Malformed(f"statement _type {statement.type[:80]!r}, expected {STATEMENT_TYPE!r}")
     if statement.predicate_type != PREDICATE_TYPE:
         raise Malformed(f"statement predicateType {statement.predicate_type[:80]!r}, expected {PREDICATE_TYPE!r}")
-    return envelope, statement
+    return statement
 
 
 def _sbom_problems(release_dir: Path, descriptor: dict[str, Any]) -> list[str]:
@@ -359,37 +383,44 @@ def listed_artifacts(descriptor: Any) -> dict[str, dict[str, Any]]:
 
 
 def check_tree(release_dir: Path, expected_files: set[str], listed: dict[str, Any], result: Verification) -> None:
-    """No symlinks, no unlisted files or directories, nothing missing."""
+    """The listing is exactly the expected set: ``artifacts`` a real directory, every other entry a
+    regular file (no symlink, directory, FIFO, socket or device in place of one), none missing, none extra."""
     expected = {*expected_files, ARTIFACTS, *(f"{ARTIFACTS}/{name}" for name in listed)}
     for root, dirs, files in os.walk(release_dir):
         for entry in sorted(dirs + files):
             path = Path(root) / entry
             rel = path.relative_to(release_dir).as_posix()
+            shown = escape_controls(rel)
             if path.is_symlink():
-                result.problems.append(f"{rel} is a symlink (releases hold plain files only)")
+                result.problems.append(f"{shown} is a symlink (releases hold plain files only)")
             elif rel not in expected:
-                result.problems.append(f"extra {'directory' if path.is_dir() else 'file'} {rel} not in the descriptor")
+                kind = "directory" if path.is_dir() else "file"
+                result.problems.append(f"extra {kind} {shown} not in the descriptor")
+            elif rel == ARTIFACTS:
+                if not path.is_dir():
+                    result.problems.append(f"{ARTIFACTS} is not a directory")
+            elif not is_regular(path):
+                result.problems.append(f"{shown} is not a regular file (releases hold plain files only)")
     for rel in sorted(expected - expected_files):
-        if not (release_dir / rel).exists():
-            result.problems.append(f"missing {rel}")
+        if not os.path.lexists(release_dir / rel):
+            result.problems.append(f"missing {escape_controls(rel)}")
 
 
 def check_artifact(path: Path, artifact: dict[str, Any], result: Verification) -> None:
-    """Size first (a file of the wrong size is never read), then every byte."""
-    if not path.is_file() or path.is_symlink():
-        return  # reported by check_tree
-    name, size = artifact["name"], path.stat().st_size
-    if size != artifact.get("size"):
-        result.problems.append(f"artifact {name}: {size} bytes, the descriptor says {artifact.get('size')}")
+    """Size first (a file of the wrong size is never read), then every byte, through the one
+    non-blocking regular-file open (a FIFO or directory here is refused, never read)."""
+    name = artifact["name"]
+    size = artifact.get("size")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return  # reported by the descriptor's validator
+    try:
+        actual = sha256_regular(path, size)
+    except Malformed as exc:
+        result.problems.append(f"artifact {exc}")
         return
-    sha = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            sha.update(chunk)
-    if "sha256:" + sha.hexdigest() != artifact.get("sha256"):
-        result.problems.append(
-            f"artifact {name}: sha256:{sha.hexdigest()}, the descriptor says {artifact.get('sha256')}"
-        )
+    if actual != artifact.get("sha256"):
+        shown = escape_controls(str(artifact.get("sha256"))[:80])
+        result.problems.append(f"artifact {name}: {actual}, the descriptor says {shown}")
 
 
 def _sha256(data: bytes) -> str:

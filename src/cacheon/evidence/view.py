@@ -10,12 +10,47 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from cacheon.errors import UsageError
 from cacheon.evidence.chain import ChainCheck, Head, Header, Record
 from cacheon.evidence.classes import EvidenceClass
 from cacheon.runtime.identity import Identity
+
+CHECKPOINT_KEY_ENV = "CACHEON_CHECKPOINT_KEY"  # trusted checkpoint signers: 64 hex or .pub paths, comma-separated
+
+
+class Guarantee(StrEnum):
+    """What a read was checked against (:mod:`cacheon.evidence.assurance` decides which)."""
+
+    CHAIN = "chain"
+    UNTRUSTED_CHECKPOINT = "untrusted_checkpoint"
+    CHECKPOINT = "checkpoint"
+
+
+@dataclass(frozen=True)
+class Assurance:
+    guarantee: Guarantee
+    head: int  # the ledger's last record
+    vouched: int | None = None  # the checkpoint's record
+    signers: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"guarantee": self.guarantee.value, "head": self.head, "checkpoint_seq": self.vouched,
+                "signers": list(self.signers), "summary": self.describe()}
+
+    def describe(self) -> str:
+        if self.guarantee is Guarantee.CHAIN:
+            return ("hash chain only (no checkpoint): a cut-off tail or a file re-chained from the start "
+                    "would read as intact")
+        who = ", ".join(s[:16] + "…" for s in self.signers)
+        trust = "a trusted key" if self.guarantee is Guarantee.CHECKPOINT else (
+            f"a key not named trusted ({who}; set ${CHECKPOINT_KEY_ENV} to trust it)")
+        vouched = self.vouched or 0
+        after = f"; records #{vouched + 1}..#{self.head} by the chain alone" if vouched < self.head else ""
+        return f"chain + checkpoint #{vouched} signed by {trust}{after}"
 
 
 @dataclass(frozen=True)
@@ -25,12 +60,17 @@ class VerifiedLedger:
     head: Head
     _records: tuple[Record, ...]
     _identities: Mapping[str, Identity]  # in order of first use by a record
+    assurance: Assurance | None = None  # set by every reader's open (open_verified_ledger)
 
     @classmethod
     def from_check(cls, path: Path, check: ChainCheck) -> VerifiedLedger:
         if not check.ok or check.header is None or check.head is None or check.identities is None:
             raise ValueError("a VerifiedLedger is made from an intact chain only")
         return cls(path, check.header, check.head, check.records, dict(check.identities))
+
+    def guarantee(self) -> dict[str, Any]:
+        """What this read was checked against, for the reader's output (every reader's open assesses it)."""
+        return (self.assurance or Assurance(Guarantee.CHAIN, self.head.seq)).to_json()
 
     def records(
         self,

@@ -8,40 +8,15 @@ repaint the verifier's report or terminal, texts are bounded, and reasons are cu
 
 from __future__ import annotations
 
-import unicodedata
 from typing import TypeVar
 
 import msgspec
 
+from cacheon.printable import escape_controls as escape_controls  # re-exported: where verify reaches for it
 from cacheon.verify.messages import TEXT_CHARS
 
 MAX_REASON = 400
-_PLAIN = frozenset("LMNPS")  # the Unicode major categories of visible text
 T = TypeVar("T")
-
-
-def escape_controls(text: str, keep_newlines: bool = False) -> str:
-    """Every character that is not plain text as a visible escape (``\\x1b``, ``\\u202e``): plain is
-    a letter, mark, number, punctuation, symbol or space separator, anything else (controls,
-    format and bidi characters, surrogates, private-use and unassigned code points, line and
-    paragraph separators) is escaped. What is kept is named, not what is refused."""
-    out = []
-    for ch in text:
-        if ch == "\n" and keep_newlines:
-            out.append(ch)
-        elif ch == "\t":
-            out.append("    ")
-        elif not _plain(ch):
-            code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-def _plain(ch: str) -> bool:
-    category = unicodedata.category(ch)
-    return category[0] in _PLAIN or category == "Zs"
 
 
 def bounded(text: str, limit: int = TEXT_CHARS) -> str:
