@@ -252,14 +252,17 @@ def test_a_malformed_json_answer_is_retried_elsewhere_and_counted(loop: LoopThre
     assert error_of(post(alone, "/v1/completions", {"model": "demo", "prompt": "x"}), 502)["type"] == "upstream_error"
 
 
-def test_a_gateway_that_is_its_own_worker_refuses_the_loop(loop: LoopThread, gateway: Any) -> None:
-    gw = gateway({"request_timeout_s": 5})
+def test_two_gateways_that_are_each_others_worker_refuse_the_loop(loop: LoopThread, gateway: Any) -> None:
+    """Registration refuses a gateway as its own worker; a loop through another gateway passes that check
+    (each URL is a different listener) and only the hop mark stops it."""
+    first, second = gateway({"request_timeout_s": 5}), gateway({"request_timeout_s": 5})
 
-    async def add_itself() -> None:
-        gw.gateway.fleet.add(WorkerSpec(url=gw.url))
+    async def each_names_the_other() -> None:
+        await first.gateway.fleet.add(WorkerSpec(url=second.url))
+        await second.gateway.fleet.add(WorkerSpec(url=first.url))
 
-    loop.call(add_itself())
-    error = error_of(post(gw, "/v1/completions", {"model": "demo", "prompt": "x"}, timeout=20), 508)
+    loop.call(each_names_the_other())
+    error = error_of(post(first, "/v1/completions", {"model": "demo", "prompt": "x"}, timeout=20), 508)
     assert error["code"] == "loop_detected"
 
 
