@@ -10,7 +10,7 @@ import pytest
 from cacheon.gateway.attest import Fence, check_identity
 from cacheon.gateway.config import WorkerSpec, parse
 from cacheon.gateway.policy import Exact
-from cacheon.gateway.prediction import NoPrediction, Reuse, chain_prior, plain_content, reuse_of
+from cacheon.gateway.prediction import NoPrediction, Reuse, chain_prior, reuse_of
 from cacheon.gateway.workers import Discovery, FenceReason, Worker, WorkerState
 from cacheon.kv.hashing import page_hashes, salt_seed
 from cacheon.kv.index import BlockIndex
@@ -54,8 +54,6 @@ def test_namespaces_the_events_do_not_show_are_refused_with_a_reason() -> None:
     assert reuse_of("completion", {"cache_salt": 7}, 12).refusal is NoPrediction.NAMESPACE_NOT_PUBLISHED
     assert reuse_of("completion", {"cache_salt": ""}, 12) == Reuse(11)  # SGLang ignores an empty salt
     assert reuse_of("completion", {"cache_salt": "t"}, 12) == Reuse(11, "t")
-    assert plain_content([{"role": "user", "content": "hi"}, {"role": "assistant"}])
-    assert not plain_content([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
 
 
 def test_the_salt_seed_applies_where_the_contract_declares_it_and_is_refused_elsewhere() -> None:

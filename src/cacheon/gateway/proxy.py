@@ -29,9 +29,10 @@ from cacheon.gateway.http import JSON_HEADERS, TRANSPORT_ERRORS
 from cacheon.gateway.metrics import Metrics
 from cacheon.gateway.policy import Decision, Policy, RouteReason
 from cacheon.gateway.precision import StreamTail, reported_cached
-from cacheon.gateway.prediction import NoPrediction, Reuse, plain_content, reuse_of
+from cacheon.gateway.prediction import NoPrediction, Reuse, reuse_of
 from cacheon.gateway.tracing import Tracing
 from cacheon.gateway.workers import Worker
+from cacheon.tokens.chat import NotPredictable
 from cacheon.tokens.profile import TokenizerProfile
 
 log = logging.getLogger("cacheon.access")
@@ -248,7 +249,8 @@ class Proxy:
         profile = self.profiles[model]
         try:
             if kind == "chat":
-                return profile.encode_chat(body["messages"])
+                releases = {w.discovery.version for w in self.fleet.pool(model, set()) if w.discovery}
+                return profile.encode_chat(body, releases)
             prompt = body.get("input_ids") if kind == "generate" and "input_ids" in body else body.get(
                 "text" if kind == "generate" else "prompt")
             if isinstance(prompt, list) and all(type(t) is int for t in prompt):
@@ -318,11 +320,11 @@ class Proxy:
     def _prompt(self, kind: str, body: dict[str, Any], model: str | None,
                 outcome: Outcome) -> tuple[list[int] | None, Reuse | None]:
         """The prompt's tokens and what the engine may reuse of them; None where nothing can be predicted."""
-        if kind == "chat" and isinstance(body.get("messages"), list) and not plain_content(body["messages"]):
-            self.tokens(kind, body, None)  # still checks the messages' shape
-            outcome.refusal_reason = NoPrediction.CONTENT_PARTS if self.policy.tokenizes else None
+        try:
+            tokens = self.tokens(kind, body, model)
+        except NotPredictable as exc:  # a chat rendering the gateway cannot reproduce exactly
+            outcome.refusal_reason = NoPrediction(exc.reason)
             return None, None
-        tokens = self.tokens(kind, body, model)
         if tokens is None:
             return None, None
         outcome.prompt_tokens = len(tokens)
