@@ -8,7 +8,9 @@ safetensors, with a byte-level BPE tokenizer trained with ``tokenizers`` on the 
 ships (scripts/engines/corpus.txt), a chat template and BOS named in ``tokenizer_config.json``.
 The same arguments make the same files on every machine (seeded weights, deterministic training).
 ``--tokenizer DIR`` puts the model on a real tokenizer and chat template instead (a directory that
-scripts/make_real_vocab.py wrote), with its vocabulary size and embeddings tied (a 262k vocabulary).
+scripts/make_real_vocab.py wrote), with its vocabulary size and embeddings tied (a 262k vocabulary);
+use ``--family llama`` with it: transformers loads a qwen2 model's tokenizer as ``Qwen2Tokenizer``
+(its own pre-tokenizer), whatever the tokenizer files say.
 
 Run it with a Python that has torch, transformers and tokenizers (a server venv from
 scripts/install_sglang_servers.py has them):
@@ -107,6 +109,9 @@ def make(family: str, out: Path, *, seed: int = 0, vocab_size: int = 2000, corpu
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     if tokenizer_dir is not None:
+        # A GGUF conversion leaves transformers' "no limit" (1e30), which SGLang's /v1/tokenize cannot
+        # serialize (orjson: past 64 bits); the model's own bound is the true one.
+        real.model_max_length = MAX_POSITIONS
         real.save_pretrained(out)
         return _described(family, config, model, out, ids, seed)
     fast = PreTrainedTokenizerFast(

@@ -54,6 +54,17 @@ def test_openai_client_through_exact_gateway(tmp_path: Path, profile: tuple[Path
                   client.chat.completions.create(model="demo", messages=messages, max_tokens=3, stream=True)]
         assert len(deltas) == 3 and all(deltas)
 
+        # Tools render per release (cacheon.tokens.chat): 0.5.22 has no chat contract and the read releases
+        # dump tools differently, so nothing is predicted; with tool_choice "none" every release drops them.
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        chat_url = f"{gw.url}/v1/chat/completions"
+        unread = httpx.post(chat_url, json={"model": "demo", "messages": messages, "tools": tools, "max_tokens": 1})
+        assert unread.headers["x-cacheon-prediction-refused"] == "chat_release_unread"
+        dropped = httpx.post(chat_url, json={"model": "demo", "messages": messages, "tools": tools,
+                                             "tool_choice": "none", "max_tokens": 1})
+        assert dropped.status_code == 200 and "x-cacheon-prediction-refused" not in dropped.headers
+        assert "x-cacheon-predicted-cached-tokens" in dropped.headers
+
         assert [m.id for m in client.models.list()] == ["demo"]
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="nope", prompt="x", max_tokens=1)

@@ -119,6 +119,10 @@ def test_continue_final_message_appends_the_assistant_text_encoded_on_its_own(tm
     ({"messages": [{"role": "system", "content": "s", "tools": [TOOL]}, ASK]}, ChatRefusal.UNSUPPORTED_FIELD),
     ({"messages": [ASK], "tools": [{**TOOL, "defer_loading": True}]}, ChatRefusal.UNSUPPORTED_FIELD),
     ({"messages": [ASK], "reasoning_effort": "xhigh"}, ChatRefusal.UNSUPPORTED_FIELD),
+    ({"messages": [ASK], "chat_template_kwargs": {"continue_final_message": True}}, ChatRefusal.UNSUPPORTED_FIELD),
+    ({"messages": [ASK], "chat_template_kwargs": {"add_generation_prompt": False}}, ChatRefusal.UNSUPPORTED_FIELD),
+    ({"messages": [{"role": "user", "content": 5}]}, ChatRefusal.ENGINE_REJECTS),
+    ({"messages": [ASK], "tools": [], "tool_choice": "required"}, ChatRefusal.ENGINE_REJECTS),
     ({"messages": [{"role": "robot", "content": "x"}]}, ChatRefusal.ENGINE_REJECTS),
     ({"messages": [{"role": "assistant", "content": "", "tool_calls": [
         {"function": {"name": "f", "arguments": "{not json"}}]}, ASK]}, ChatRefusal.ENGINE_REJECTS),

@@ -137,6 +137,12 @@ _GENERIC_ROLES = ("system", "assistant", "tool", "function", "developer", "lates
 # What SGLang's message types dump besides role and content (pydantic field order); None is dropped.
 _GENERIC_FIELDS = ("tool_call_id", "name", "reasoning_content", "tool_calls")
 _REASONING_EFFORTS = ("none", "low", "medium", "high", "max")  # every contract's release accepts these
+# apply_chat_template's own parameters (transformers 5.8-5.19): SGLang spreads chat_template_kwargs into
+# its call, so these keys change how it renders (or fail it) instead of becoming template variables.
+_TEMPLATE_CALL_PARAMETERS = frozenset((
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"))
 
 
 def _refuse(reason: ChatRefusal, detail: str) -> NotPredictable:
@@ -263,6 +269,9 @@ def _kwargs(body: Mapping[str, Any], contract: ChatContract) -> dict[str, Any]:
     if given is not None and not isinstance(given, dict):
         raise _refuse(ChatRefusal.ENGINE_REJECTS, "chat_template_kwargs must be an object")
     kwargs = dict(given or {})
+    if clash := sorted(_TEMPLATE_CALL_PARAMETERS & kwargs.keys()):
+        raise _refuse(ChatRefusal.UNSUPPORTED_FIELD, f"chat_template_kwargs {', '.join(clash)} are parameters of "
+                      "apply_chat_template, not template variables")
     effort = body.get("reasoning_effort")
     if effort is not None and effort not in _REASONING_EFFORTS:
         raise _refuse(ChatRefusal.UNSUPPORTED_FIELD, f"reasoning_effort {effort!r} is not one of {_REASONING_EFFORTS}")
