@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from cacheon.errors import UsageError
 from cacheon.sim.tokenizer import BOS_TOKEN, write_profile
 from cacheon.tokens.chat import ChatRefusal, NotPredictable
 from cacheon.tokens.profile import TokenizerProfile, TokenizerSpec
@@ -152,3 +153,11 @@ def test_a_template_that_reads_tool_call_ids_with_a_run_of_results_is_refused_on
     with pytest.raises(NotPredictable) as info:
         p.render_chat(body, [LATEST])
     assert info.value.reason is ChatRefusal.UNSUPPORTED_FIELD
+
+
+def test_a_template_that_fails_on_wrapped_tools_gets_each_function_alone_as_sglang_retries(tmp_path) -> None:
+    p = profile(tmp_path, "{% for t in tools %}{% if t.function is defined %}{{ raise_exception('flat only') }}"
+                          "{% endif %}<{{ t.name }}>{% endfor %}{{ messages[0].content }}")
+    assert p.render_chat({"messages": [ASK], "tools": [TOOL]})[0] == "<get_weather>hi"
+    with pytest.raises(UsageError, match="flat only"):
+        profile(tmp_path, "{{ raise_exception('flat only') }}").render_chat({"messages": [ASK], "tools": [TOOL]})

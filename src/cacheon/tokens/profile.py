@@ -161,11 +161,20 @@ class TokenizerProfile:
             raise UsageError("this model has no chat template")
         r = renderings(request, releases, self.content_format, self.reads_tool_call_id)
         specials = {"bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
+        template = self.template
+
+        def render(tools: list[dict[str, Any]] | None) -> str:
+            return template.render(**{**specials, **r.kwargs}, messages=r.messages, tools=tools,
+                                   documents=None, add_generation_prompt=True)
+
         try:
-            text = self.template.render(**{**specials, **r.kwargs}, messages=r.messages, tools=r.tools,
-                                        documents=None, add_generation_prompt=True)
-        except (TemplateError, TypeError) as exc:  # SGLang answers both 400
-            raise UsageError(f"chat template: {exc}") from None
+            text = render(r.tools)
+        except Exception:  # SGLang retries on any error, with each tool's function alone
+            flat = [t.get("function", t) for t in r.tools] if r.tools else None
+            try:
+                text = render(flat)
+            except (TemplateError, TypeError) as exc:  # SGLang answers both 400
+                raise UsageError(f"chat template: {exc}") from None
         return text, r.assistant_prefix
 
     def encode_chat(self, request: Mapping[str, Any], releases: Iterable[str] = (PIN,)) -> list[int]:
