@@ -16,6 +16,7 @@ from cacheon.kv.hashing import page_hashes, salt_seed
 from cacheon.kv.index import BlockIndex
 from cacheon.sim.tokenizer import gateway_model
 from cacheon.tokens.chains import ChainCache
+from cacheon.tokens.chat import ChatRefusal
 
 PAGE = 4
 TOKENS = list(range(100, 100 + 3 * PAGE))  # exactly three pages
@@ -106,3 +107,8 @@ def test_a_worker_keying_pages_by_bigrams_is_fenced_with_a_reason(
     with pytest.raises(Fence) as raised:
         check_identity(worker, found, cfg)
     assert raised.value.reason is FenceReason.HASH_SCHEME_UNSUPPORTED
+
+
+def test_every_chat_refusal_is_a_prediction_refusal_the_gateway_can_report() -> None:
+    # The proxy reports a chat it cannot render as NoPrediction(reason): a reason missing here would be a 500.
+    assert {r.value for r in ChatRefusal} <= {r.value for r in NoPrediction}
