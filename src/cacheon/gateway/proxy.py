@@ -249,7 +249,9 @@ class Proxy:
         profile = self.profiles[model]
         try:
             if kind == "chat":
-                releases = {w.discovery.version for w in self.fleet.pool(model, set()) if w.discovery}
+                # A worker not yet discovered could run any release: it counts as one no contract covers.
+                pool = self.fleet.pool(model, set())
+                releases = {w.discovery.version if w.discovery else "undiscovered" for w in pool}
                 return profile.encode_chat(body, releases)
             prompt = body.get("input_ids") if kind == "generate" and "input_ids" in body else body.get(
                 "text" if kind == "generate" else "prompt")
