@@ -141,6 +141,8 @@ def test_releases_that_render_a_request_differently_are_refused_together(tmp_pat
     assert refused(tmp_path, tools, [PIN, LATEST]) is ChatRefusal.RELEASES_DIFFER
     assert refused(tmp_path, tools, ["0.5.20"]) is ChatRefusal.RELEASE_UNREAD
     assert p.encode_chat(tools, [PIN, MIDDLE]) == p.encode_chat(tools, [PIN])
+    by_name = profile(tmp_path, "{% for t in tools %}{{ t.function.name }}:{% endfor %}{{ messages[0].content }}")
+    assert by_name.render_chat(tools, [PIN, LATEST, "0.5.20"])[0] == "get_weather:hi"  # the outputs agree
 
 
 def test_a_template_that_reads_tool_call_ids_with_a_run_of_results_is_refused_on_0_5_23(tmp_path) -> None:

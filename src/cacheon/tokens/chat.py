@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import jinja2
 import jinja2.nodes as nodes
 
 PIN = "0.5.13.post1"
+T = TypeVar("T")
 
 
 class ChatRefusal(StrEnum):
@@ -314,28 +315,27 @@ def render_request(body: Mapping[str, Any], contract: ChatContract, fmt: Content
     return Rendering(messages, _tools(body, contract), _kwargs(body, contract), prefix)
 
 
-def renderings(body: Mapping[str, Any], releases: Iterable[str], fmt: ContentFormat,
-               reads_ids: bool) -> Rendering:
-    """The one rendering every worker release gives ``body``; refused when they differ or one is unread.
+def rendered(body: Mapping[str, Any], releases: Iterable[str], fmt: ContentFormat, reads_ids: bool,
+             render: Callable[[Rendering], T]) -> T:
+    """``render`` of what every worker release passes the template for ``body``: the one output they
+    share, refused where the outputs differ (every contract's counts for a release none covers).
 
-    Rendering per contract is cheap next to encoding, and requests without tools or efforts render
-    alike in every contract, so only requests that differ pay for the comparison."""
-    found: dict[str, Rendering] = {}
-    unread = []
-    for version in sorted(set(releases)) or [PIN]:
-        contract = chat_contract(version)
-        if contract is None:
-            unread.append(version)
-            continue
-        found.setdefault(contract.id, render_request(body, contract, fmt, reads_ids))
-    if unread:  # an unread release is safe only where every contract agrees (then it is not the edge)
-        every = {c.id: render_request(body, c, fmt, reads_ids) for c in CHAT_CONTRACTS}
-        if len({repr(r) for r in every.values()}) > 1:
-            raise _refuse(ChatRefusal.RELEASE_UNREAD, f"SGLang {', '.join(unread)} has no chat contract and "
-                          "the read releases render this request differently")
-        found.update(every)
-    distinct = {repr(r): r for r in found.values()}
-    if len(distinct) > 1:
-        raise _refuse(ChatRefusal.RELEASES_DIFFER, f"the workers' releases ({', '.join(sorted(found))}) render "
+    Templates that read tool fields by name render the releases' tool dumps alike, so the outputs are
+    compared, not the inputs; each distinct input is rendered once."""
+    given = set(releases) or {PIN}
+    unread = sorted(v for v in given if chat_contract(v) is None)
+    contracts = CHAT_CONTRACTS if unread else tuple(c for c in CHAT_CONTRACTS if given & set(c.versions))
+    by_input: dict[str, T] = {}
+    for contract in contracts:
+        r = render_request(body, contract, fmt, reads_ids)
+        key = repr(r)
+        if key not in by_input:
+            by_input[key] = render(r)
+    outputs = set(by_input.values())
+    if len(outputs) > 1 and unread:
+        raise _refuse(ChatRefusal.RELEASE_UNREAD, f"SGLang {', '.join(unread)} has no chat contract and the "
+                      "read releases render this request differently")
+    if len(outputs) > 1:
+        raise _refuse(ChatRefusal.RELEASES_DIFFER, f"the workers' releases ({', '.join(sorted(given))}) render "
                       "this request differently")
-    return next(iter(distinct.values()))
+    return outputs.pop()

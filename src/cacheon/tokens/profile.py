@@ -12,6 +12,7 @@ unset. Encoding goes through an exact window cache (``tokencache``) wherever it 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import jinja2.ext
-from jinja2 import nodes
+from jinja2 import Template, nodes
 from jinja2.exceptions import TemplateError
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -29,7 +30,7 @@ from msgspec import Meta
 from tokenizers import Tokenizer
 
 from cacheon.errors import UsageError
-from cacheon.tokens.chat import PIN, ContentFormat, content_format, reads_tool_call_id, renderings
+from cacheon.tokens.chat import PIN, ContentFormat, Rendering, content_format, reads_tool_call_id, rendered
 from cacheon.tokens.model_dir import TOKENIZER_FILE, read_model_dir
 from cacheon.tokens.windows import Affixes, WindowEncoder, affixes, anchors
 
@@ -159,9 +160,11 @@ class TokenizerProfile:
         rendering cannot be reproduced."""
         if self.template is None:
             raise UsageError("this model has no chat template")
-        r = renderings(request, releases, self.content_format, self.reads_tool_call_id)
+        render = functools.partial(self._render, self.template)
+        return rendered(request, releases, self.content_format, self.reads_tool_call_id, render)
+
+    def _render(self, template: Template, r: Rendering) -> tuple[str, str | None]:
         specials = {"bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
-        template = self.template
 
         def render(tools: list[dict[str, Any]] | None) -> str:
             return template.render(**{**specials, **r.kwargs}, messages=r.messages, tools=tools,
