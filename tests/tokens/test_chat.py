@@ -163,3 +163,5 @@ def test_a_template_that_fails_on_wrapped_tools_gets_each_function_alone_as_sgla
     assert p.render_chat({"messages": [ASK], "tools": [TOOL]})[0] == "<get_weather>hi"
     with pytest.raises(UsageError, match="flat only"):
         profile(tmp_path, "{{ raise_exception('flat only') }}").render_chat({"messages": [ASK], "tools": [TOOL]})
+    with pytest.raises(UsageError, match="division"):  # any template error is a clear 400, never a traceback
+        profile(tmp_path, "{{ 1 // 0 }}").render_chat({"messages": [ASK]})

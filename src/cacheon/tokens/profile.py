@@ -176,7 +176,7 @@ class TokenizerProfile:
             flat = [t.get("function", t) for t in r.tools] if r.tools else None
             try:
                 text = render(flat)
-            except (TemplateError, TypeError) as exc:  # SGLang answers both 400
+            except Exception as exc:  # SGLang: a 400 for TemplateError and TypeError, a 500 for the rest
                 raise UsageError(f"chat template: {exc}") from None
         return text, r.assistant_prefix
 
