@@ -180,10 +180,19 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
+_PLAIN_ROLES = frozenset(("user", "system", "assistant"))
+_PLAIN_KEYS = frozenset(("role", "content"))
+
+
 def _message(m: Mapping[str, Any], i: int, fmt: ContentFormat) -> dict[str, Any]:
     """One message as SGLang hands it to the template: dumped, None dropped, parts flattened."""
+    role, content = m.get("role"), m.get("content")
+    if role in _PLAIN_ROLES and content.__class__ is str:  # most of a history: nothing to dump, drop or flatten
+        if m.keys() <= _PLAIN_KEYS:
+            return m  # type: ignore[return-value]  # as is: the sandboxed template cannot change it
+        if role == "user":
+            return {"role": role, "content": content}
     where = f"messages[{i}]"
-    role = m.get("role")
     if not isinstance(role, str):
         raise _refuse(ChatRefusal.ENGINE_REJECTS, f"{where} has no string role")
     if role != "user":
@@ -193,7 +202,6 @@ def _message(m: Mapping[str, Any], i: int, fmt: ContentFormat) -> dict[str, Any]
     for field in ("tools", "prefix", "phase"):
         if m.get(field) is not None:
             raise _refuse(ChatRefusal.UNSUPPORTED_FIELD, f"{where}.{field} is rendered per model, not reproduced")
-    content = m.get("content")
     if role == "user" and content is None:
         raise _refuse(ChatRefusal.ENGINE_REJECTS, f"{where} is a user message without content")
     if content is None:
@@ -325,6 +333,8 @@ def rendered(body: Mapping[str, Any], releases: Iterable[str], fmt: ContentForma
     given = set(releases) or {PIN}
     unread = sorted(v for v in given if chat_contract(v) is None)
     contracts = CHAT_CONTRACTS if unread else tuple(c for c in CHAT_CONTRACTS if given & set(c.versions))
+    if len(contracts) == 1:  # the common fleet: one release, nothing to compare
+        return render(render_request(body, contracts[0], fmt, reads_ids))
     by_input: dict[str, T] = {}
     for contract in contracts:
         r = render_request(body, contract, fmt, reads_ids)
