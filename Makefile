@@ -28,8 +28,12 @@ $(STAMP): pyproject.toml Makefile scripts/install_sglang_pin.sh scripts/install_
 
 # One server venv per SGLang release that serves on this CPU (tests/engines): CPU torch, the release
 # --no-deps plus its frozen import closure, named stand-ins. Idempotent: well under a second when current.
+# Then Gemma 4's real tokenizer and chat template (from the llama-cpp-python sdist), converted by the
+# 0.5.23 venv's transformers, for the chat-rendering tests (tests/engines/test_real_chat.py).
+ENGINES_DIR ?= $(or $(CACHEON_ENGINES_DIR),.engines)
 engines: setup
 	$(PY) scripts/install_sglang_servers.py
+	$(ENGINES_DIR)/0.5.23/bin/python -W ignore scripts/make_real_vocab.py --out $(or $(CACHEON_VOCAB_DIR),$(ENGINES_DIR)/vocab)
 
 run: setup
 	$(CACHEON) slots

@@ -42,7 +42,7 @@ EPSILON: float = DEFAULTS.load_epsilon
 
 def tokenized(served: Sequence[Served], profile: TokenizerProfile) -> list[list[int]]:
     """Each prompt as the workers saw it; a length the worker did not report is a tokenization mismatch."""
-    out = [profile.encode_chat(r.messages) for r in served]
+    out = [profile.encode_chat({"messages": r.messages}) for r in served]
     bad = [r.order for r, t in zip(served, out, strict=True) if len(t) != r.prompt_tokens]
     if bad:
         raise SystemExit(f"oracle tokenization disagrees with the workers on requests {bad[:10]}")

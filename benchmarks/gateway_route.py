@@ -65,7 +65,7 @@ def message(role: str, label: str, k: int) -> dict[str, str]:
 def history(profile: TokenizerProfile, target: int) -> Messages:
     """System prompt, then user/assistant turns, ending on an assistant answer, about ``target`` tokens."""
     messages = [{"role": "system", "content": "You are a helpful assistant."}]
-    while len(profile.encode_chat(messages)) < target:
+    while len(profile.encode_chat({"messages": messages})) < target:
         messages += [message("user", "Turn", len(messages)), message("assistant", "Turn", len(messages) + 1)]
     return messages
 
@@ -73,7 +73,7 @@ def history(profile: TokenizerProfile, target: int) -> Messages:
 def pool(profile: TokenizerProfile, messages: Messages, page: int) -> tuple[Exact, list[Worker]]:
     """64 READY workers, each holding a prefix of a different length of the conversation."""
     index, workers = BlockIndex(), []
-    chain = page_hashes(list(profile.encode_chat(messages)), page)
+    chain = page_hashes(list(profile.encode_chat({"messages": messages})), page)
     for i in range(WORKERS):
         w = Worker(f"w{i}", WorkerSpec(url=f"http://w{i}:1"), discovery=Discovery("0.5.13.post1", "m", page, 1, 1))
         w.state = WorkerState.READY
@@ -101,25 +101,26 @@ def row(profile: TokenizerProfile, target: int, page: int, phases: set[str]) -> 
     def ask(r: int) -> None:
         release()
         turn[:] = [*base, message("user", "Question", r), message("assistant", "Answer", r)]
-        policy.released(policy.choose(snapshot(workers), profile.encode_chat(turn[:-1])))
+        policy.released(policy.choose(snapshot(workers), profile.encode_chat({"messages": turn[:-1]})))
 
     # Named, so that a profile can select one phase's timed calls (pyspy_top.py --under route_warm).
     def route_cold(r: int) -> None:
-        routed.append(policy.choose(snapshot(workers), profile.encode_chat(base)))
+        routed.append(policy.choose(snapshot(workers), profile.encode_chat({"messages": base})))
 
     def route_warm(r: int) -> None:
-        routed.append(policy.choose(snapshot(workers), profile.encode_chat([*turn, message("user", "Next", r)])))
+        chat = {"messages": [*turn, message("user", "Next", r)]}
+        routed.append(policy.choose(snapshot(workers), profile.encode_chat(chat)))
 
     def tokenize_alone(r: int) -> None:
         profile.tokenizer.encode(text, add_special_tokens=False)
 
-    text = profile.render_chat(base)
+    text = profile.render_chat({"messages": base})[0]
     runs = {
         "cold": lambda: timed(route_cold, lambda r: (release(), cold(profile))),
         "warm": lambda: timed(route_warm, ask, WARM_RUNS),
         "base": lambda: timed(tokenize_alone, lambda r: None),
     }
-    tokens = len(profile.encode_chat(base))
+    tokens = len(profile.encode_chat({"messages": base}))
     cells = []
     for phase, run in runs.items():
         wall, cpu = run() if phase in phases else ([], [])

@@ -123,7 +123,7 @@ def run(trace_name: str, policy_name: str, seed: int, args: argparse.Namespace, 
             clock[0] = now
             if kind == "arrive":
                 i, messages = payload  # type: ignore[misc]
-                encoded = profile.encode_chat(messages)  # pieces the chain cache reuses, as in the gateway
+                encoded = profile.encode_chat({"messages": messages})  # the pieces the chain cache reuses
                 tokens = list(encoded)
                 decision = policy.choose(snapshot(workers), encoded)  # as the proxy asks
                 w = int(decision.worker.id[1:])

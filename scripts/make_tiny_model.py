@@ -7,6 +7,10 @@ generates is noise, but it is a real checkpoint of a real architecture (``LlamaF
 safetensors, with a byte-level BPE tokenizer trained with ``tokenizers`` on the corpus the project
 ships (scripts/engines/corpus.txt), a chat template and BOS named in ``tokenizer_config.json``.
 The same arguments make the same files on every machine (seeded weights, deterministic training).
+``--tokenizer DIR`` puts the model on a real tokenizer and chat template instead (a directory that
+scripts/make_real_vocab.py wrote), with its vocabulary size and embeddings tied (a 262k vocabulary);
+use ``--family llama`` with it: transformers loads a qwen2 model's tokenizer as ``Qwen2Tokenizer``
+(its own pre-tokenizer), whatever the tokenizer files say.
 
 Run it with a Python that has torch, transformers and tokenizers (a server venv from
 scripts/install_sglang_servers.py has them):
@@ -60,7 +64,7 @@ def train_tokenizer(corpus: Path, vocab_size: int):  # -> tokenizers.Tokenizer
     return tokenizer
 
 
-def model_config(family: str, vocab_size: int, ids: dict[str, int]):  # -> transformers.PretrainedConfig
+def model_config(family: str, vocab_size: int, ids: dict[str, int], tied: bool = False):  # -> PretrainedConfig
     from transformers import LlamaConfig, Qwen2Config
 
     common = {
@@ -74,7 +78,7 @@ def model_config(family: str, vocab_size: int, ids: dict[str, int]):  # -> trans
         "bos_token_id": ids[BOS],
         "eos_token_id": ids[EOS],
         "pad_token_id": ids[PAD],
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": tied,
         # A wider init than the default 0.02 makes greedy decoding depend strongly on every layer,
         # so a kernel that computes the wrong thing changes the tokens instead of hiding in noise.
         "initializer_range": 0.2,
@@ -84,20 +88,32 @@ def model_config(family: str, vocab_size: int, ids: dict[str, int]):  # -> trans
     return config
 
 
-def make(family: str, out: Path, *, seed: int = 0, vocab_size: int = 2000, corpus: Path = CORPUS) -> dict:
+def make(family: str, out: Path, *, seed: int = 0, vocab_size: int = 2000, corpus: Path = CORPUS,
+         tokenizer_dir: Path | None = None) -> dict:
     """Write the model to ``out``; returns a short description (what the CLI prints as JSON)."""
     import torch
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r} (choose from {', '.join(FAMILIES)})")
-    tokenizer = train_tokenizer(corpus, vocab_size)
-    ids = {token: tokenizer.token_to_id(token) for token in (BOS, EOS, PAD)}
-    config = model_config(family, tokenizer.get_vocab_size(), ids)
+    if tokenizer_dir is not None:
+        real = AutoTokenizer.from_pretrained(tokenizer_dir)
+        ids = {BOS: real.bos_token_id, EOS: real.eos_token_id, PAD: real.pad_token_id}
+        config = model_config(family, len(real), ids, tied=True)
+    else:
+        tokenizer = train_tokenizer(corpus, vocab_size)
+        ids = {token: tokenizer.token_to_id(token) for token in (BOS, EOS, PAD)}
+        config = model_config(family, tokenizer.get_vocab_size(), ids)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
+    if tokenizer_dir is not None:
+        # A GGUF conversion leaves transformers' "no limit" (1e30), which SGLang's /v1/tokenize cannot
+        # serialize (orjson: past 64 bits); the model's own bound is the true one.
+        real.model_max_length = MAX_POSITIONS
+        real.save_pretrained(out)
+        return _described(family, config, model, out, ids, seed)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=BOS,
@@ -109,11 +125,15 @@ def make(family: str, out: Path, *, seed: int = 0, vocab_size: int = 2000, corpu
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
     _name_bos(out / "tokenizer_config.json")
+    return _described(family, config, model, out, ids, seed)
+
+
+def _described(family: str, config, model, out: Path, ids: dict[str, int], seed: int) -> dict:
     return {
         "family": family,
         "architecture": config.architectures[0] if config.architectures else type(model).__name__,
         "path": str(out),
-        "vocab_size": tokenizer.get_vocab_size(),
+        "vocab_size": config.vocab_size,
         "bos_token_id": ids[BOS],
         "eos_token_id": ids[EOS],
         "seed": seed,
@@ -134,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--family", choices=FAMILIES, default="llama", help="architecture (default llama)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--vocab-size", type=int, default=2000, help="BPE vocabulary bound (default 2000)")
+    parser.add_argument("--tokenizer", type=Path, help="a real tokenizer directory (scripts/make_real_vocab.py) "
+                        "to use instead of training one")
     args = parser.parse_args(argv)
     if args.out.exists() and any(args.out.iterdir()):
         print(f"make_tiny_model: {args.out} is not empty; give a new directory", file=sys.stderr)
@@ -144,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         print(f"make_tiny_model: this Python lacks {exc.name}; run it with a server venv's Python", file=sys.stderr)
         return 1
-    print(json.dumps(make(args.family, args.out, seed=args.seed, vocab_size=args.vocab_size), sort_keys=True))
+    print(json.dumps(make(args.family, args.out, seed=args.seed, vocab_size=args.vocab_size,
+                                 tokenizer_dir=args.tokenizer), sort_keys=True))
     return 0
 
 

@@ -29,6 +29,7 @@ from tests.engines.server import (
     EngineSpec,
     make_model,
     missing_prerequisite,
+    missing_vocab,
     start_server,
 )
 
@@ -42,7 +43,7 @@ class EnginePool:
         self.root = root
         self.ctx = zmq.Context()
         self._live: OrderedDict[EngineSpec, EngineServer] = OrderedDict()
-        self._models: dict[tuple[str, str], dict[str, Any]] = {}
+        self._models: dict[tuple[str, str, str | None], dict[str, Any]] = {}
         self.starts: list[dict[str, Any]] = []  # for the session's summary (README figures)
 
     def get(self, spec: EngineSpec) -> EngineServer:
@@ -57,15 +58,16 @@ class EnginePool:
             _, oldest = self._live.popitem(last=False)
             oldest.stop()
         work = Path(tempfile.mkdtemp(prefix=spec.label.replace("/", "_") + "-", dir=self.root))
-        server = start_server(spec, work, self.ctx, self.model(spec.release, spec.family))
+        server = start_server(spec, work, self.ctx, self.model(spec.release, spec.family, spec.vocab))
         self._live[spec] = server
         self.starts.append({"server": spec.label, "startup_s": server.startup_s, "rss_mib": server.rss_mib})
         return server
 
-    def model(self, release: str, family: str) -> dict[str, Any]:
-        key = (release, family)
+    def model(self, release: str, family: str, vocab: str | None = None) -> dict[str, Any]:
+        key = (release, family, vocab)
         if key not in self._models:
-            self._models[key] = make_model(release, family, self.root / f"model-{release}-{family}")
+            name = f"model-{release}-{family}" + (f"-{vocab}" if vocab else "")
+            self._models[key] = make_model(release, family, self.root / name, vocab)
         return self._models[key]
 
     def release(self, spec: EngineSpec) -> None:
@@ -100,9 +102,9 @@ def engine_pool() -> Iterator[EnginePool]:
             shutil.rmtree(root, ignore_errors=True)
 
 
-def require_release(release: str) -> None:
-    """Skip (or, armed, fail) when this release's server cannot start here."""
-    reason = missing_prerequisite(release)
+def require_release(release: str, vocab: str | None = None) -> None:
+    """Skip (or, armed, fail) when this release's server (on the real tokenizer ``vocab``) cannot start here."""
+    reason = missing_prerequisite(release) or (missing_vocab(vocab) if vocab else None)
     if reason is None:
         return
     if os.environ.get(REQUIRE_ENV) == "1":
@@ -111,5 +113,5 @@ def require_release(release: str) -> None:
 
 
 def serve(pool: EnginePool, spec: EngineSpec) -> EngineServer:
-    require_release(spec.release)
+    require_release(spec.release, spec.vocab)
     return pool.get(spec)

@@ -33,6 +33,8 @@ MAKE_MODEL = REPO / "scripts" / "make_tiny_model.py"
 ENGINES_DIR = Path(os.environ.get("CACHEON_ENGINES_DIR") or REPO / ".engines")
 REQUIRE_ENV = "CACHEON_REQUIRE_ENGINES"
 INSTALL_HINT = "scripts/install_sglang_servers.py (make engines)"
+# Real tokenizers and chat templates (scripts/make_real_vocab.py, run by make engines), one directory each.
+VOCAB_DIR = Path(os.environ.get("CACHEON_VOCAB_DIR") or ENGINES_DIR / "vocab")
 MAX_TOTAL_TOKENS = 4096
 BOOT_TIMEOUT_S = float(os.environ.get("CACHEON_ENGINE_BOOT_TIMEOUT_S", "240"))
 TOPIC = "kv"
@@ -75,10 +77,19 @@ def free_port() -> int:
             return port
 
 
-def make_model(release: str, family: str, out: Path) -> dict[str, Any]:
-    """The tiny model, written by the release's own transformers (the version that will load it)."""
+def missing_vocab(vocab: str) -> str | None:
+    """Why the real tokenizer ``vocab`` is not here, or None."""
+    if (VOCAB_DIR / vocab / "tokenizer.json").is_file():
+        return None
+    return f"no real {vocab} tokenizer at {VOCAB_DIR / vocab}; write it with scripts/make_real_vocab.py (make engines)"
+
+
+def make_model(release: str, family: str, out: Path, vocab: str | None = None) -> dict[str, Any]:
+    """The tiny model, written by the release's own transformers (the version that will load it), on a
+    trained tokenizer or on the real one named ``vocab``."""
+    real = ["--tokenizer", str(VOCAB_DIR / vocab)] if vocab else []
     done = subprocess.run(
-        [str(venv_python(release)), "-W", "ignore", str(MAKE_MODEL), "--family", family, str(out)],
+        [str(venv_python(release)), "-W", "ignore", str(MAKE_MODEL), "--family", family, *real, str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -96,11 +107,13 @@ class EngineSpec:
     page_size: int
     family: str = "llama"
     bundle: Path | None = None  # armed through the Cacheon plugin ($CACHEON_BUNDLE) when set
+    vocab: str | None = None  # a real tokenizer and chat template (VOCAB_DIR) instead of a trained one
 
     @property
     def label(self) -> str:
         armed = f"+{self.bundle.name}" if self.bundle else ""
-        return f"{self.release}/p{self.page_size}/{self.family}{armed}"
+        on = f"@{self.vocab}" if self.vocab else ""
+        return f"{self.release}/p{self.page_size}/{self.family}{on}{armed}"
 
 
 class KvFeed:

@@ -54,6 +54,17 @@ def test_openai_client_through_exact_gateway(tmp_path: Path, profile: tuple[Path
                   client.chat.completions.create(model="demo", messages=messages, max_tokens=3, stream=True)]
         assert len(deltas) == 3 and all(deltas)
 
+        # Chats render as each worker's release renders them (cacheon.tokens.chat): this template prints no
+        # tools, so every release renders a tool chat alike, 0.5.22 (no chat contract) included: predicted.
+        # An image part is the engine's to render: refused with the reason, whatever the worker answers.
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        chat_url = f"{gw.url}/v1/chat/completions"
+        alike = httpx.post(chat_url, json={"model": "demo", "messages": messages, "tools": tools, "max_tokens": 1})
+        assert alike.status_code == 200 and "x-cacheon-predicted-cached-tokens" in alike.headers
+        image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]
+        refused = httpx.post(chat_url, json={"model": "demo", "messages": image, "max_tokens": 1})
+        assert refused.headers["x-cacheon-prediction-refused"] == "content_parts"
+
         assert [m.id for m in client.models.list()] == ["demo"]
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="nope", prompt="x", max_tokens=1)

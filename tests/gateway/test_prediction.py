@@ -10,13 +10,14 @@ import pytest
 from cacheon.gateway.attest import Fence, check_identity
 from cacheon.gateway.config import WorkerSpec, parse
 from cacheon.gateway.policy import Exact
-from cacheon.gateway.prediction import NoPrediction, Reuse, chain_prior, plain_content
+from cacheon.gateway.prediction import NoPrediction, Reuse, chain_prior
 from cacheon.gateway.prompt import Chat, Completion, Generate, Request, reuse_of
 from cacheon.gateway.workers import Discovery, FenceReason, Worker, WorkerState
 from cacheon.kv.hashing import page_hashes, salt_seed
 from cacheon.kv.index import BlockIndex
 from cacheon.sim.tokenizer import gateway_model
 from cacheon.tokens.chains import ChainCache
+from cacheon.tokens.chat import ChatRefusal
 from tests.gateway.snapshots import choose
 
 PAGE = 4
@@ -56,8 +57,6 @@ def test_namespaces_the_events_do_not_show_are_refused_with_a_reason() -> None:
     assert reuse_of(Completion(cache_salt=7), 12).refusal is NoPrediction.NAMESPACE_NOT_PUBLISHED
     assert reuse_of(Completion(cache_salt=""), 12) == Reuse(11)  # SGLang ignores an empty salt
     assert reuse_of(Completion(cache_salt="t"), 12) == Reuse(11, "t")
-    assert plain_content([{"role": "user", "content": "hi"}, {"role": "assistant"}])
-    assert not plain_content([{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
 
 
 def test_the_salt_seed_applies_where_the_contract_declares_it_and_is_refused_elsewhere() -> None:
@@ -110,3 +109,8 @@ def test_a_worker_keying_pages_by_bigrams_is_fenced_with_a_reason(
     with pytest.raises(Fence) as raised:
         check_identity(worker, found, cfg)
     assert raised.value.reason is FenceReason.HASH_SCHEME_UNSUPPORTED
+
+
+def test_every_chat_refusal_is_a_prediction_refusal_the_gateway_can_report() -> None:
+    # The proxy reports a chat it cannot render as NoPrediction(reason): a reason missing here would be a 500.
+    assert {r.value for r in ChatRefusal} <= {r.value for r in NoPrediction}

@@ -33,7 +33,7 @@ def test_bos_and_the_template_come_from_tokenizer_config(tmp_path: Path, profile
     for given in (directory, directory / "tokenizer.json"):  # the directory, or the file in it
         p = TokenizerProfile(TokenizerSpec(given, completions_bos=True))
         assert p.bos_id is not None and p.encode_completion("hi")[0] == p.bos_id
-        assert p.render_chat([{"role": "user", "content": "hi"}]) == f"{BOS_TOKEN}[hi]"
+        assert p.render_chat({"messages": [{"role": "user", "content": "hi"}]})[0] == f"{BOS_TOKEN}[hi]"
     bare = TokenizerProfile(TokenizerSpec(profile[0]))  # control: a tokenizer.json with nothing beside it
     assert (bare.bos_id, bare.template) == (None, None)
     override = TokenizerProfile(TokenizerSpec(directory, bos_token="</s>"))  # the config's own value wins
@@ -45,7 +45,7 @@ def test_a_template_file_beats_the_config_entry_and_pins_hold(tmp_path: Path, pr
     assert read_model_dir(directory).chat_template == TEMPLATE
     (directory / "chat_template.jinja").write_text("<{{ messages[0]['content'] }}>")
     p = TokenizerProfile(TokenizerSpec(directory))
-    assert p.render_chat([{"role": "user", "content": "hi"}]) == "<hi>"
+    assert p.render_chat({"messages": [{"role": "user", "content": "hi"}]})[0] == "<hi>"
     with pytest.raises(UsageError, match=r"chat_template\.jinja has sha256"):
         TokenizerProfile(TokenizerSpec(directory, chat_template_sha256="0" * 64))
     (directory / "tokenizer_config.json").write_text("{not json")

@@ -15,7 +15,7 @@ def test_profile_pins_and_the_bos_quirk(profile: tuple[Path, Path]) -> None:
     quirk = TokenizerProfile(TokenizerSpec(profile[0], profile[1], completions_bos=True, bos_token="<s>"))
     text = "Routing by prefix"
     assert quirk.encode_completion(text) == [quirk.bos_id, *plain.encode_completion(text)]
-    chat = plain.render_chat([{"role": "user", "content": "hi"}])
+    chat = plain.render_chat({"messages": [{"role": "user", "content": "hi"}]})[0]
     assert chat == "<s><|user|>hi</s><|assistant|>"
     with pytest.raises(UsageError, match="sha256"):
         TokenizerProfile(TokenizerSpec(profile[0], tokenizer_sha256="0" * 64))

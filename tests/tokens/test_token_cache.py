@@ -132,9 +132,9 @@ def test_multi_turn_history_resumes_from_the_previous_turn(profile: tuple[Path, 
     for turn in range(6):
         history += [{"role": "user", "content": f"Question {turn}: the quick brown fox?"}]
         stems, looked, walked = chat.windows.stem_hits, chat.windows.hits + chat.windows.misses, chains.hits + chains.misses
-        tokens = chat.encode_chat(history)
+        tokens = chat.encode_chat({"messages": history})
         assert isinstance(tokens, Tokens)
-        assert tokens == chat.tokenizer.encode(chat.render_chat(history), add_special_tokens=False).ids
+        assert tokens == chat.tokenizer.encode(chat.render_chat({"messages": history})[0], add_special_tokens=False).ids
         for page in (1, 2):
             assert chains.page_hashes(tokens.segments, page, tokens.stem, tokens.mark) == page_hashes(list(tokens), page)
         assert tokens.mark is not None and tokens.mark.depth == (turn if depth > 6 else turn % (depth + 1))
@@ -146,7 +146,7 @@ def test_multi_turn_history_resumes_from_the_previous_turn(profile: tuple[Path, 
     # An edited earlier message is not the same conversation: no stem, still exact, windows reused.
     history[1] = {"role": "user", "content": "Question 0: the lazy dog?"}
     stems, misses = chat.windows.stem_hits, chat.windows.misses
-    assert chat.encode_chat(history) == chat.tokenizer.encode(chat.render_chat(history), add_special_tokens=False).ids
+    assert chat.encode_chat({"messages": history}) == chat.tokenizer.encode(chat.render_chat({"messages": history})[0], add_special_tokens=False).ids
     assert chat.windows.stem_hits == stems
     assert chat.windows.misses - misses == 2  # the edited message, and the last answer (never sent before)
 

@@ -128,7 +128,7 @@ async def token_parity(client: aiohttp.ClientSession, worker: Worker, model: str
             ({"model": model, "prompt": text}, profile.encode(text)),
             *(
                 [({"model": model, "messages": [{"role": "user", "content": text}]},
-                  profile.encode_chat([{"role": "user", "content": text}]))]
+                  profile.encode_chat({"messages": [{"role": "user", "content": text}]}))]
                 if profile.template is not None else []
             ),
         ):

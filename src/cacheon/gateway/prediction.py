@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from cacheon.kv.contracts import SaltedIds, by_id
 from cacheon.kv.hashing import salt_seed
@@ -28,7 +27,13 @@ class NoPrediction(StrEnum):
 
     SALT_NOT_PUBLISHED = "salt_not_published"  # cache_salt, published under unsalted ids
     NAMESPACE_NOT_PUBLISHED = "namespace_not_published"  # extra_key / lora_path: in no published id
-    CONTENT_PARTS = "content_parts"  # chat content that is not a string (images, typed parts)
+    # A chat whose rendering is not reproduced exactly (cacheon.tokens.chat.ChatRefusal, same values).
+    CONTENT_PARTS = "content_parts"  # media or typed parts other than text
+    CHAT_INPUT_IDS = "chat_input_ids"
+    CHAT_UNSUPPORTED_FIELD = "chat_unsupported_field"
+    CHAT_ENGINE_REJECTS = "chat_engine_rejects"
+    CHAT_RELEASE_UNREAD = "chat_release_unread"
+    CHAT_RELEASES_DIFFER = "chat_releases_differ"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +45,6 @@ class Reuse:
     refusal: NoPrediction | None = None  # a reason no worker's cached prefix can be predicted
 
 
-def plain_content(messages: list[Any]) -> bool:
-    """Whether every message's content is a string (or absent): what a chat template renders as is."""
-    return all(isinstance(m.get("content"), str | None) for m in messages if isinstance(m, dict))
 
 
 def chain_prior(contract_id: str, reuse: Reuse) -> bytes | NoPrediction:

@@ -21,9 +21,10 @@ from typing import Any
 import msgspec
 
 from cacheon.errors import UsageError
-from cacheon.gateway.prediction import NoPrediction, Reuse, plain_content
+from cacheon.gateway.prediction import NoPrediction, Reuse
 from cacheon.gateway.refusals import Refusal, Rejected, bad, clip
 from cacheon.gateway.workers import Discovery
+from cacheon.tokens.chat import PIN
 from cacheon.tokens.profile import TokenizerProfile
 
 U32_IDS = 1 << 32  # no vocabulary reaches it
@@ -56,7 +57,24 @@ class Completion(_Request):
 
 
 class Chat(_Request):
+    """The fields SGLang's chat path hands its template (``tokens.chat`` reads and checks them)."""
+
     messages: list[dict[str, Any]] | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    chat_template_kwargs: Any = None
+    reasoning_effort: Any = None
+    reasoning: Any = None
+    continue_final_message: Any = None
+    input_ids: Any = None
+
+    def rendered_fields(self) -> dict[str, Any]:
+        """What the chat rendering reads, as the request mapping ``tokens.chat`` takes."""
+        return {f: getattr(self, f) for f in _CHAT_FIELDS}
+
+
+_CHAT_FIELDS = ("messages", "tools", "tool_choice", "chat_template_kwargs", "reasoning_effort", "reasoning",
+                "continue_final_message", "input_ids")
 
 
 class Generate(_Request):
@@ -91,15 +109,14 @@ class Prompt:
     context: int | None  # the model's context length in tokens, as its workers report it
     text: str | None = None  # a single prompt as text (tokenized with the route's rule)
     ids: list[int] | None = None  # a single prompt as token ids (checked against the vocabulary)
-    messages: list[dict[str, Any]] | None = None  # a chat whose content is plain text
-    refusal: NoPrediction | None = None  # why this request's cache cannot be predicted, whatever the worker
+    chat: dict[str, Any] | None = None  # a chat request's rendered fields (``Chat.rendered_fields``)
 
     @property
     def chars(self) -> int:
         """Characters the gateway would tokenize (what decides whether that runs off the event loop)."""
         if self.text is not None:
             return len(self.text)
-        return sum(len(m.get("content") or "") for m in self.messages or ())
+        return sum(map(len, _chat_texts(self.chat)))
 
 
 def decode(route: Route, raw: bytes) -> Request:
@@ -139,12 +156,13 @@ def prompt_of(route: Route, request: Request, raw: bytes, profiles: Mapping[str,
     return prompt
 
 
-def encode(prompt: Prompt, profile: TokenizerProfile) -> list[int] | None:
-    """The prompt's tokens as the worker will see them; None when it carries no single prompt.
-    A chat template's error is Rejected (the engine answers 400 for it too)."""
+def encode(prompt: Prompt, profile: TokenizerProfile, releases: Iterable[str] = (PIN,)) -> list[int] | None:
+    """The prompt's tokens as workers of ``releases`` will see them; None when it carries no single
+    prompt. A chat template's error is Rejected (the engine answers 400 for it too); a chat rendering
+    that cannot be reproduced raises ``NotPredictable``."""
     try:
-        if prompt.messages is not None:
-            return profile.encode_chat(prompt.messages)
+        if prompt.chat is not None:
+            return profile.encode_chat(prompt.chat, releases)
         if prompt.text is not None:
             return profile.encode(prompt.text) if prompt.route == Route.GENERATE else (
                 profile.encode_completion(prompt.text))
@@ -213,11 +231,10 @@ def _single(request: Request) -> dict[str, Any]:
         for i, m in enumerate(messages):
             if not isinstance(m.get("role"), str):
                 raise bad(f"messages[{i}] must be an object with a string 'role'")
-        if not _within_depth(messages, MAX_DEPTH):
-            raise bad(f"'messages' is nested more than {MAX_DEPTH} deep")
-        if not plain_content(messages):
-            return {"refusal": NoPrediction.CONTENT_PARTS}
-        return {"messages": messages}
+        chat = request.rendered_fields()
+        if not _within_depth([v for v in chat.values() if v is not None], MAX_DEPTH):
+            raise bad(f"the chat request's fields are nested more than {MAX_DEPTH} deep")
+        return {"chat": chat}
     prompt = request.prompt if isinstance(request, Completion) else (
         request.input_ids if request.input_ids is not None else request.text)
     if isinstance(prompt, str):
@@ -249,13 +266,23 @@ def _all_ids(request: Request) -> Iterable[list[int]]:
 def _all_texts(request: Request, prompt: Prompt) -> Iterable[str]:
     """Every text prompt in the request (a chat's: its contents together)."""
     if isinstance(request, Chat):
-        yield "".join(m.get("content") or "" for m in prompt.messages or ())
+        yield "".join(_chat_texts(prompt.chat))
         return
     texts = request.prompt if isinstance(request, Completion) else request.text
     if isinstance(texts, str):
         yield texts
     elif isinstance(texts, list):
         yield from (t for t in texts if isinstance(t, str))
+
+
+def _chat_texts(chat: Mapping[str, Any] | None) -> Iterable[str]:
+    """The text a chat's messages carry: string contents and text parts (what bounds its tokens)."""
+    for m in (chat or {}).get("messages") or ():
+        content = m.get("content")
+        if isinstance(content, str):
+            yield content
+        elif isinstance(content, list):
+            yield from (p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
 
 
 def _check_ids(ids: list[int], vocab_size: int | None, context: int | None) -> None:

@@ -29,12 +29,13 @@ from cacheon.gateway.http import JSON_HEADERS, TRANSPORT_ERRORS
 from cacheon.gateway.metrics import Metrics
 from cacheon.gateway.policy import Decision, Policy, RouteReason, snapshot
 from cacheon.gateway.precision import StreamTail
-from cacheon.gateway.prediction import Reuse
+from cacheon.gateway.prediction import NoPrediction, Reuse
 from cacheon.gateway.prompt import Prompt, Route, decode, encode, prompt_of, reuse_of, within_context
 from cacheon.gateway.recorder import CLIENT_GONE, Attempt, Outcome, Recorder, log
 from cacheon.gateway.refusals import Refusal, Rejected, clip, oai_error
 from cacheon.gateway.tracing import Tracing
 from cacheon.gateway.workers import Worker
+from cacheon.tokens.chat import NotPredictable
 from cacheon.tokens.profile import TokenizerProfile
 
 _HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"}
@@ -153,16 +154,20 @@ class Proxy:
 
     async def _tokens(self, prompt: Prompt, outcome: Outcome) -> tuple[list[int] | None, Reuse | None]:
         """The prompt's tokens and what the engine may reuse of them; None where nothing can be predicted."""
-        if prompt.refusal is not None:
-            outcome.refusal_reason = prompt.refusal if self.policy.tokenizes else None
-            return None, None
         if not self.policy.tokenizes or prompt.model is None:
             return None, None
-        work = functools.partial(encode, prompt, self.profiles[prompt.model])
-        if prompt.chars > OFFLOAD_CHARS:  # a long prompt would stall every other request (and /livez)
-            tokens = await asyncio.get_running_loop().run_in_executor(self._tokenizer, work)
-        else:
-            tokens = work()
+        # A worker not yet discovered could run any release: it counts as one no chat contract covers.
+        pool = self.fleet.pool(prompt.model, set())
+        releases = {w.discovery.version if w.discovery else "undiscovered" for w in pool}
+        work = functools.partial(encode, prompt, self.profiles[prompt.model], releases)
+        try:
+            if prompt.chars > OFFLOAD_CHARS:  # a long prompt would stall every other request (and /livez)
+                tokens = await asyncio.get_running_loop().run_in_executor(self._tokenizer, work)
+            else:
+                tokens = work()
+        except NotPredictable as exc:  # a chat rendering the gateway cannot reproduce exactly
+            outcome.refusal_reason = NoPrediction(exc.reason)
+            return None, None
         if tokens is None:
             return None, None
         within_context(len(tokens), prompt.context)

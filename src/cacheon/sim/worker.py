@@ -33,6 +33,7 @@ from cacheon.sim.cache import PrefixCache, SimCache, StoredPage
 from cacheon.sim.publisher import RankPublishers, kv_events_config
 from cacheon.sim.schedule import Plan, RankScheduler, TimeModel
 from cacheon.tokens.chains import ChainCache
+from cacheon.tokens.chat import NotPredictable
 from cacheon.tokens.profile import TokenizerProfile
 
 CacheFactory = Callable[[int, int], SimCache]  # page size, capacity in tokens -> one rank's cache
@@ -126,10 +127,18 @@ class SimWorker:
 
     def tokenize(self, body: dict[str, Any]) -> list[int]:
         # SGLang's /v1/tokenize encodes with the tokenizer's own special-token rule (no quirks).
-        ids = self.profile.encode_chat(body["messages"]) if "messages" in body else self.profile.encode(body["prompt"])
+        ids = self.encode_chat(body) if "messages" in body else self.profile.encode(body["prompt"])
         if self.s.fault == "tokenize_drift" and ids:
             ids = [*ids[:-1], ids[-1] + 1]
         return ids
+
+    def encode_chat(self, body: dict[str, Any]) -> list[int]:
+        """The chat as this release's chat path renders it (cacheon.tokens.chat): a rendering the
+        simulator cannot reproduce is a 400 here, never a guess."""
+        try:
+            return self.profile.encode_chat(body, (self.s.version,))
+        except NotPredictable as exc:
+            raise ValueError(f"the simulator does not render this chat ({exc})") from None
 
     def prefill_tokens(self, body: dict[str, Any]) -> list[int]:
         prompt = body.get("prompt", body.get("text", ""))
@@ -292,7 +301,7 @@ def build_app(sim: SimWorker) -> Starlette:
             return _error(500, "simulated engine failure")
         try:
             body = await body_of(request)
-            tokens = sim.profile.encode_chat(body["messages"]) if chat else sim.prefill_tokens(body)
+            tokens = sim.encode_chat(body) if chat else sim.prefill_tokens(body)
             rank = sim.rank_for(body)
         except (ValueError, KeyError, TypeError, UsageError) as exc:  # SGLang: 400 for a chat it cannot template
             return _error(400, f"bad request: {exc}")

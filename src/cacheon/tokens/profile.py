@@ -1,7 +1,8 @@
 """Tokenization profiles: encode a request exactly as the worker will, or routing predicts wrong.
 
 A profile is one served model's ``tokenizer.json`` (HF ``tokenizers``), its chat template
-(rendered the way transformers' ``apply_chat_template`` does), both pinned by sha256 when the
+(rendered the way transformers' ``apply_chat_template`` does, from what SGLang's chat path passes
+it: ``cacheon.tokens.chat``), both pinned by sha256 when the
 operator gives a digest, and the engine's quirks. ``completions_bos``: SGLang's OpenAI
 completions path for some models encodes without special tokens and prepends one BOS.
 What the model directory states (``tokenizer_config.json``'s BOS and EOS, its chat template,
@@ -11,18 +12,25 @@ unset. Encoding goes through an exact window cache (``tokencache``) wherever it 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
+import jinja2.ext
+from jinja2 import Template, nodes
 from jinja2.exceptions import TemplateError
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from msgspec import Meta
 from tokenizers import Tokenizer
 
 from cacheon.errors import UsageError
+from cacheon.tokens.chat import PIN, ContentFormat, Rendering, content_format, reads_tool_call_id, rendered
 from cacheon.tokens.model_dir import TOKENIZER_FILE, read_model_dir
 from cacheon.tokens.windows import Affixes, WindowEncoder, affixes, anchors, encode_ids
 
@@ -57,6 +65,37 @@ def _raise(message: str) -> None:
     raise TemplateError(message)
 
 
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """transformers' ``tojson``: plain ``json.dumps`` (Jinja's own sorts keys and escapes HTML)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _Generation(jinja2.ext.Extension):
+    """transformers' ``{% generation %}`` block: marks assistant text for masks, renders its body as is."""
+
+    tags = {"generation"}  # noqa: RUF012  (jinja2.ext.Extension declares it a set)
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body).set_lineno(lineno)
+
+
+def chat_environment() -> ImmutableSandboxedEnvironment:
+    """The Jinja environment transformers renders chat templates in (its filters, globals, extensions)."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_Generation, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
 class TokenizerProfile:
     """Encodes completions and chat requests for one served model."""
 
@@ -83,10 +122,12 @@ class TokenizerProfile:
             if spec.chat_template_sha256 is not None and self.chat_template_sha256 != spec.chat_template_sha256.lower():
                 raise UsageError(f"the chat template in {found.chat_template_path} has sha256 "
                                  f"{self.chat_template_sha256}, the config pins {spec.chat_template_sha256}")
+        self.content_format, self.reads_tool_call_id = ContentFormat.STRING, False
         if source:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-            env.globals["raise_exception"] = _raise
-            self.template = env.from_string(source.decode("utf-8"))
+            env = chat_environment()
+            text = source.decode("utf-8")
+            self.template = env.from_string(text)
+            self.content_format, self.reads_tool_call_id = content_format(text, env), reads_tool_call_id(text)
         config = json.loads(data)
         self.windows = WindowEncoder(
             self.tokenizer, anchors(config, source.decode("utf-8"), (self.bos_token, self.eos_token)))
@@ -112,19 +153,38 @@ class TokenizerProfile:
             return self.windows.encode(prompt, self._bos)
         return self.encode(prompt)
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def render_chat(self, request: Mapping[str, Any], releases: Iterable[str] = (PIN,)) -> tuple[str, str | None]:
+        """The template's text for a chat request as SGLang ``releases`` render it, and the assistant
+        prefix appended after it (``continue_final_message``). Raises ``NotPredictable`` where that
+        rendering cannot be reproduced."""
         if self.template is None:
             raise UsageError("this model has no chat template")
-        try:
-            return self.template.render(
-                messages=messages,
-                add_generation_prompt=True,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-            )
-        except TemplateError as exc:
-            raise UsageError(f"chat template: {exc}") from None
+        render = functools.partial(self._render, self.template)
+        return rendered(request, releases, self.content_format, self.reads_tool_call_id, render)
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """As transformers' ``apply_chat_template(tokenize=True)``: no specials added on top."""
-        return self.windows.encode(self.render_chat(messages))
+    def _render(self, template: Template, r: Rendering) -> tuple[str, str | None]:
+        specials = {"bos_token": self.bos_token or "", "eos_token": self.eos_token or ""}
+
+        def render(tools: list[dict[str, Any]] | None) -> str:
+            return template.render(**{**specials, **r.kwargs}, messages=r.messages, tools=tools,
+                                   documents=None, add_generation_prompt=True)
+
+        try:
+            text = render(r.tools)
+        except Exception:  # SGLang retries on any error, with each tool's function alone
+            flat = [t.get("function", t) for t in r.tools] if r.tools else None
+            try:
+                text = render(flat)
+            except Exception as exc:  # SGLang: a 400 for TemplateError and TypeError, a 500 for the rest
+                raise UsageError(f"chat template: {exc}") from None
+        return text, r.assistant_prefix
+
+    def encode_chat(self, request: Mapping[str, Any], releases: Iterable[str] = (PIN,)) -> list[int]:
+        """As SGLang's chat path: the rendering encoded with no specials added, then the assistant
+        prefix encoded on its own with a leading BOS dropped."""
+        text, prefix = self.render_chat(request, releases)
+        ids = self.windows.encode(text)
+        if prefix:
+            tail: list[int] = self.tokenizer.encode(prefix).ids
+            ids = [*ids, *(tail[1:] if tail and tail[0] == self.bos_id else tail)]
+        return ids
