@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from model_signing import verifying
+from model_signing import signing, verifying
 
 from cacheon.bundle.snapshot import read_snapshot
 from cacheon.cli import main
@@ -148,6 +148,24 @@ def _gitignore(case: Case, root: Path) -> Case:
     return case
 
 
+def _signed_by_model_signing(case: Case, root: Path) -> Case:
+    """The same bundle signed by model_signing's own signer in its default configuration."""
+    case.signature.unlink()
+    signing.Config().use_elliptic_key_signer(private_key=case.key.with_name("signer.pem")).sign(case.bundle,
+                                                                                                 case.signature)
+    return case
+
+
+def _signed_by_model_signing_then_gitignore(case: Case, root: Path) -> Case:
+    return _gitignore(_signed_by_model_signing(case, root), root)
+
+
+def _oversized(case: Case, root: Path) -> Case:
+    with case.signature.open("ab") as fh:
+        fh.write(b" " * (modelsign.MAX_SIGNATURE_BYTES + 1))
+    return case
+
+
 Tamper = Callable[[Case, Path], Case]
 # (name, tamper, accepted by model_signing's default verifier, accepted by Cacheon)
 FIXTURES: list[tuple[str, Tamper | None, bool, bool]] = [
@@ -167,6 +185,10 @@ FIXTURES: list[tuple[str, Tamper | None, bool, bool]] = [
     ("symlinked-file", _symlinked_file, False, False),
     # the documented exception: model_signing's default skips .gitignore; Cacheon covers every file
     ("added-gitignore", _gitignore, True, False),
+    # model_signing's own signature is accepted; its default records .git* as skipped, which Cacheon does not honour
+    ("signed-by-model-signing", _signed_by_model_signing, True, True),
+    ("signed-by-model-signing-then-gitignore", _signed_by_model_signing_then_gitignore, True, False),
+    ("oversized-signature", _oversized, True, False),  # trailing spaces are valid JSON; Cacheon reads 4 MiB at most
 ]
 
 
@@ -263,11 +285,26 @@ def test_the_signature_covers_the_snapshot_not_a_second_read(tmp_path, signer, m
     assert not _library_accepts(Case(bundle, sig, signer[1]))  # the directory now differs from what was signed
 
 
+def test_a_signature_is_checked_against_the_key_that_was_checked(tmp_path, signer, monkeypatch):
+    """The library reads the key file itself: a file other than the one Cacheon checked is caught."""
+    _, other_public = keys.bundle_keygen(tmp_path / "other")
+    other = keys.load_bundle_private_key(other_public.with_name("other.pem"))
+    monkeypatch.setattr(keys, "load_bundle_private_key", lambda path: other)
+    with pytest.raises(modelsign.UsageError, match="changed while signing; nothing written"):
+        modelsign.sign(read_snapshot(SILU), "silu-torch", signer[0])
+
+
+def test_a_refused_entry_is_named(tmp_path, signer):
+    case = _symlinked_file(_good(tmp_path, signer), tmp_path)
+    problem = modelsign.verify(read_snapshot(case.bundle), case.signature, case.key).problem
+    assert problem is not None and "refused (symlink" in problem
+
+
 def test_a_bundle_that_fails_scan_is_not_signed(tmp_path, signer, capsys):
     bundle = tmp_path / "b"
     shutil.copytree(SILU, bundle)
     (bundle / "kernels" / "extra.py").write_text("x = 1\n")
-    code, out, err = run(capsys, "bundle", "sign", bundle, "--key", signer[0], "--out", tmp_path / "b.sig")
+    code, _, err = run(capsys, "bundle", "sign", bundle, "--key", signer[0], "--out", tmp_path / "b.sig")
     assert code == 2 and "undeclared-file" in err and "nothing signed" in err
     assert not (tmp_path / "b.sig").exists()
 

@@ -16,16 +16,20 @@ with sha256 is accepted. The signature file is read once, bounded, and must be a
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from cacheon.bundle.snapshot import Snapshot, materialise
 from cacheon.errors import UsageError
 from cacheon.evidence import keys
-from cacheon.evidence.boundary import Malformed, read_bounded
+from cacheon.evidence.boundary import Malformed, decode_json, read_bounded
 from cacheon.printable import escape_controls
 
 MAX_SIGNATURE_BYTES = 4 << 20  # 512 files' digests, base64 inside JSON, fit in well under 1 MiB
@@ -33,6 +37,26 @@ MAX_SIGNATURE_BYTES = 4 << 20  # 512 files' digests, base64 inside JSON, fit in 
 SKIPPED_BY_FORMAT = frozenset({".git", ".github", ".gitignore", ".gitattributes"})
 INSTALL_HINT = "bundle signatures need the model-signing package: pip install 'cacheon[signing]'"
 _PROBLEM_CHARS = 400  # the library's mismatch reports quote every digest; one line is enough
+
+
+class _Resource(msgspec.Struct):
+    name: str
+
+
+class _Predicate(msgspec.Struct):
+    resources: list[_Resource]
+
+
+class _Statement(msgspec.Struct):
+    predicate: _Predicate
+
+
+class _Envelope(msgspec.Struct):
+    payload: str
+
+
+class _SignatureFile(msgspec.Struct, rename="camel"):
+    dsse_envelope: _Envelope
 
 
 @dataclass(frozen=True)
@@ -123,7 +147,25 @@ def verify(snapshot: Snapshot, signature: Path, public_key: Path) -> Verdict:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         problem = _check(library, root, copy, keys.public_pem(key))
+    if problem is None:
+        problem = _uncovered(data, snapshot)
     return verdict if problem is None else _failed(verdict, problem)
+
+
+def _uncovered(data: bytes, snapshot: Snapshot) -> str | None:
+    """The first file of ``snapshot`` the (verified) statement does not list: a signer may have told the
+    format to skip paths (its CLI skips ``.git*`` by default), and the library then ignores them."""
+    try:
+        envelope = decode_json(data, _SignatureFile, "signature", canonical=False).dsse_envelope
+        statement = decode_json(base64.b64decode(envelope.payload, validate=True), _Statement, "statement",
+                                canonical=False)
+    except (Malformed, binascii.Error) as exc:  # the library accepted it, so this is not expected
+        return f"signature: {escape_controls(str(exc))}"
+    signed = {resource.name for resource in statement.predicate.resources}
+    missing = sorted(set(snapshot.files) - signed)
+    if missing:
+        return f"{escape_controls(missing[0])} is not covered by the signature (its signer skipped it)"
+    return None
 
 
 def _check(library: Any, root: Path, signature: Path, public_pem: bytes) -> str | None:
