@@ -294,6 +294,19 @@ def test_a_signature_is_checked_against_the_key_that_was_checked(tmp_path, signe
         modelsign.sign(read_snapshot(SILU), "silu-torch", signer[0])
 
 
+def test_a_cacheon_signature_lists_every_file_and_skips_nothing(tmp_path, signer):
+    """No `ignore_paths` in the signed statement: a verifier honouring them (model_signing does) skips nothing."""
+    import base64
+    import json
+
+    sig = _good(tmp_path, signer).signature
+    statement = json.loads(base64.b64decode(json.loads(sig.read_bytes())["dsseEnvelope"]["payload"]))
+    assert statement["predicate"]["serialization"] == {"method": "files", "hash_type": "sha256",
+                                                       "allow_symlinks": False}
+    assert {r["name"] for r in statement["predicate"]["resources"]} == set(read_snapshot(SILU).files)
+    assert statement["subject"][0]["name"] == "silu-torch"
+
+
 def test_a_refused_entry_is_named(tmp_path, signer):
     case = _symlinked_file(_good(tmp_path, signer), tmp_path)
     problem = modelsign.verify(read_snapshot(case.bundle), case.signature, case.key).problem
