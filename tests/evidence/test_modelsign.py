@@ -143,6 +143,12 @@ def _symlinked_file(case: Case, root: Path) -> Case:
     return case
 
 
+def _hardlinked_file(case: Case, root: Path) -> Case:
+    """The signed kernel, unchanged, given a second name outside the bundle (whoever owns it edits it later)."""
+    os.link(_kernel(case.bundle), root / "outside-link.py")
+    return case
+
+
 def _gitignore(case: Case, root: Path) -> Case:
     (case.bundle / ".gitignore").write_text("*\n")
     return case
@@ -183,7 +189,9 @@ FIXTURES: list[tuple[str, Tamper | None, bool, bool]] = [
     ("directory-as-signature", _directory, False, False),
     ("fifo-as-signature", _fifo, False, False),  # model_signing's own reader hangs on it: never accepts
     ("symlinked-file", _symlinked_file, False, False),
-    # the documented exception: model_signing's default skips .gitignore; Cacheon covers every file
+    # the documented exceptions: Cacheon reads a bundle only as its snapshot does (one link per file) ...
+    ("hardlinked-file", _hardlinked_file, True, False),
+    # ... and skips nothing, where model_signing's default skips .gitignore
     ("added-gitignore", _gitignore, True, False),
     # model_signing's own signature is accepted; its default records .git* as skipped, which Cacheon does not honour
     ("signed-by-model-signing", _signed_by_model_signing, True, True),

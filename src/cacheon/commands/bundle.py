@@ -50,8 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "verify-signature", help="check a model-signing signature over a bundle (exit 2 on any difference)",
         description="Exit 0 when SIG is the key's signature over exactly the files of BUNDLE (a directory or "
         ".tar.gz): none changed, added or removed, no link or special file. Cacheon accepts what model_signing's "
-        "own verifier accepts, except that nothing is skipped: it skips .git, .github, .gitignore and "
-        ".gitattributes by default, Cacheon counts them. Exit 2 on any difference or an unreadable signature, "
+        "own verifier accepts, except that nothing is skipped (it skips .git, .github, .gitignore and "
+        ".gitattributes by default; Cacheon counts them) and the bundle is read as scan reads it (a file with a "
+        "second hard link, or over 1 MiB, is refused). Exit 2 on any difference or an unreadable signature, "
         "1 for an unusable key or bundle.",
     )
     check.add_argument("bundle", type=Path, help="bundle directory or .tar.gz archive")

@@ -6,12 +6,13 @@ API; nothing here re-implements them. What Cacheon adds is which bytes are signe
 exactly the bundle's snapshot (read once; never a second read of the user's directory). The
 snapshot is written into a private temporary directory and the library signs or verifies that.
 
-Cacheon's check is the library's, made stricter in one way and documented: every file must be
-covered. So no path is ignored (the library's default skips ``.git``, ``.github``,
-``.gitignore`` and ``.gitattributes``; a bundle holding one is refused at signing, and an added
-one fails verification, where the library's default accepts it), and only the ``files`` method
-with sha256 is accepted. The signature file is read once, bounded, and must be a regular file
-(the library's own reader hangs on a FIFO).
+Cacheon's check is the library's, made stricter in two documented ways. Every file must be
+covered: no path is skipped (the library's default skips ``.git``, ``.github``, ``.gitignore``
+and ``.gitattributes``, and honours paths a signer chose to skip; a bundle holding one is refused
+at signing, and one the verified statement does not list fails verification), and only the
+``files`` method with sha256 matches. And a bundle is read only as its snapshot reads it (one
+link per file, bounded sizes, printable names). The signature file is read once, bounded, and
+must be a regular file (the library's own reader hangs on a FIFO).
 """
 
 from __future__ import annotations
