@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from model_signing import signing, verifying
+from model_signing import hashing, signing, verifying
 
 from cacheon.bundle.snapshot import read_snapshot
 from cacheon.cli import main
@@ -162,6 +162,23 @@ def _signed_by_model_signing(case: Case, root: Path) -> Case:
     return case
 
 
+def _signed_in(case: Case, hashing_config: hashing.Config) -> Case:
+    case.signature.unlink()
+    (signing.Config().set_hashing_config(hashing_config)
+     .use_elliptic_key_signer(private_key=case.key.with_name("signer.pem")).sign(case.bundle, case.signature))
+    return case
+
+
+def _signed_by_model_signing_in_shards(case: Case, root: Path) -> Case:
+    """model_signing's signer hashing 64-byte shards (its verifier reads shard_size back as a float)."""
+    return _signed_in(case, hashing.Config().use_shard_serialization(shard_size=64))
+
+
+def _signed_by_model_signing_with_blake2(case: Case, root: Path) -> Case:
+    """model_signing 1.1.1 records blake2 as "blake2b", which its own verifier then does not know."""
+    return _signed_in(case, hashing.Config().use_file_serialization(hashing_algorithm="blake2"))
+
+
 def _signed_by_model_signing_then_gitignore(case: Case, root: Path) -> Case:
     return _gitignore(_signed_by_model_signing(case, root), root)
 
@@ -196,6 +213,9 @@ FIXTURES: list[tuple[str, Tamper | None, bool, bool]] = [
     # model_signing's own signature is accepted; its default records .git* as skipped, which Cacheon does not honour
     ("signed-by-model-signing", _signed_by_model_signing, True, True),
     ("signed-by-model-signing-then-gitignore", _signed_by_model_signing_then_gitignore, True, False),
+    # model_signing 1.1.1's verifier cannot read back its own shard or blake2 signatures; neither accepts them
+    ("signed-by-model-signing-in-shards", _signed_by_model_signing_in_shards, False, False),
+    ("signed-by-model-signing-with-blake2", _signed_by_model_signing_with_blake2, False, False),
     ("oversized-signature", _oversized, True, False),  # trailing spaces are valid JSON; Cacheon reads 4 MiB at most
 ]
 
