@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("cacheon.commands.serve", "serve SGLang with a bundle armed, confined as verify confines candidates"),
     "new": ("cacheon.commands.new", "write a starter bundle for a slot (manifest and a plain torch kernel)"),
     "package": ("cacheon.commands.package", "write a deterministic .tar.gz of a bundle and print its digest"),
+    "bundle": ("cacheon.commands.bundle", "sign bundles so anyone can verify them (OpenSSF model-signing format)"),
     "identity": ("cacheon.commands.identity", "capture this host's runtime identity and its digest"),
     "preflight": ("cacheon.commands.preflight", "device readiness, static compatibility, what is left to prove"),
     "evidence": ("cacheon.commands.evidence", "read the evidence ledger for an exact runtime identity"),
