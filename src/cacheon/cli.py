@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 from cacheon import __version__
 from cacheon.commands._args import HelpFormatter
-from cacheon.errors import CacheonError
+from cacheon.errors import CacheonError, UsageError
 
 # command -> (module, one-line summary). Only the chosen command's module is imported, so
 # `cacheon slots` does not pay for the gateway's or the ledger's imports. Order = order in --help.
@@ -42,6 +42,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compat": ("cacheon.commands.compat", "check the installed SGLang against the pin and every seam"),
     "chain-compat": ("cacheon.commands.chain_compat", "check the installed Bittensor SDK against its pin"),
 }
+
+
+#: packages a command may need that the wheel does not install, and how to install each
+OPTIONAL = {
+    "torch": "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu (the CPU build; "
+             "or the CUDA build for your GPU)",
+    "triton": "pip install triton==3.9.0",
+}
+
+
+def _missing(command: str | None, exc: ModuleNotFoundError) -> CacheonError | None:
+    """A command that needs a package the wheel leaves out (torch): one line saying what to install."""
+    top = (exc.name or "").partition(".")[0]
+    if top not in OPTIONAL:
+        return None
+    return UsageError(f"{top} is not installed; `cacheon {command}` needs it: {OPTIONAL[top]}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,7 +98,14 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(_selected(argv))
+    selected = _selected(argv)
+    try:
+        parser = build_parser(selected)
+    except ModuleNotFoundError as exc:  # the command's module needs a package the wheel leaves out
+        missing = _missing(selected, exc)
+        if missing is None:
+            raise
+        return _one_line(selected or "", missing, debug=False)
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the command's own parser, so its usage line is the one shown
         _leaf(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
@@ -117,6 +140,8 @@ def _leaf(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse
 
 def _one_line(command: str, exc: Exception, debug: bool) -> int:
     """A user mistake or an environment problem in one line; anything else is a bug to report."""
+    if isinstance(exc, ModuleNotFoundError):
+        exc = _missing(command, exc) or exc
     if isinstance(exc, CacheonError):
         print(f"cacheon {command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
