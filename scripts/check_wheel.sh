@@ -23,6 +23,12 @@ rows = json.load(open("demo.json"))
 assert [r["policy"] for r in rows] == ["rr", "approx", "exact"], rows
 assert all(0 <= r["hit_rate"] <= 1 for r in rows), rows
 '
+# The gateway dashboard's static files are package data.
+"$work/venv/bin/python" -c '
+from importlib import resources
+from cacheon.gateway.dashboard import STATIC
+assert all((resources.files("cacheon.gateway") / "static" / name).is_file() for name in STATIC)
+'
 # Without torch (the wheel does not pull it): help, slots, new, scan and package work; verify says what to install.
 cli="$work/venv/bin/cacheon"
 ! "$work/venv/bin/python" -c 'import torch' 2>/dev/null || { echo "torch is in the fresh venv" >&2; exit 1; }

@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cacheon.errors import UsageError
 from cacheon.gateway.config import GatewayConfig, is_loopback, split_listen, worker_spec
+from cacheon.gateway.dashboard import Dashboard
 from cacheon.gateway.proxy import Refusal, oai_error
 from cacheon.gateway.service import Gateway
 
@@ -207,14 +208,18 @@ def admin_app(gw: Gateway, token: str | None) -> web.Application:
     async def status(_: web.Request) -> web.StreamResponse:
         return json_response(await asyncio.to_thread(gw.status))
 
-    return _app(gw, [
+    board = Dashboard(gw)
+    app = _app(gw, [
         ("GET", "/workers", guarded(list_workers)),
         ("POST", "/workers", guarded(add_worker)),
         ("GET", "/workers/{wid}", guarded(get_worker)),
         ("DELETE", "/workers/{wid}", guarded(remove)),
         ("POST", "/workers/{wid}/drain", guarded(drain)),
         ("GET", "/status", guarded(status)),
+        *board.routes(guarded),
     ])
+    app.cleanup_ctx.append(board.sampling)
+    return app
 
 
 class GatewayServer:
