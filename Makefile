@@ -54,7 +54,7 @@ test: lint engines
 test-fast: setup
 	$(VENV)/bin/pytest -n 2 -m "not slow"
 
-# ruff; mypy (strict on kv/ and tokens/, [tool.mypy]); the layering contract ([tool.importlinter]).
+# ruff; mypy (strict on the packages [[tool.mypy.overrides]] lists); the layering contract ([tool.importlinter]).
 lint: setup
 	$(VENV)/bin/ruff check src tests scripts benchmarks
 	$(VENV)/bin/mypy
