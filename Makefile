@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 CACHEON := $(VENV)/bin/cacheon
 STAMP := $(VENV)/.cacheon-setup
 
-.PHONY: setup engines run test test-fast lint docs clean
+.PHONY: setup engines run test test-fast lint docs docs-serve clean
 
 setup: $(STAMP)
 
@@ -63,6 +63,11 @@ lint: setup
 # The documentation site (mkdocs.yml): generated reference pages, --strict so a broken link fails.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The same site served with live reload while editing: http://127.0.0.1:8000 (DOCS_ADDR to change).
+DOCS_ADDR ?= 127.0.0.1:8000
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict --dev-addr $(DOCS_ADDR)
 
 clean:
 	rm -rf $(VENV) .sglang .chain .engines .sglang-pin-ready build src/*.egg-info
