@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 import traceback
 from typing import Any, NoReturn
 
 from cacheon import __version__
 from cacheon.commands._args import HelpFormatter
-from cacheon.errors import CacheonError, UsageError
+from cacheon.errors import CacheonError, UsageError, did_you_mean
 
 # command -> (module, one-line summary). Only the chosen command's module is imported, so
 # `cacheon slots` does not pay for the gateway's or the ledger's imports. Order = order in --help.
@@ -70,7 +71,17 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(1, f"{self.prog}: error: {message}\n")
+        self.exit(1, f"{self.prog}: error: {message}{self._suggestion(message)}\n")
+
+    def _suggestion(self, message: str) -> str:
+        """A close match for a mistyped command, choice or option (argparse's own wording parsed)."""
+        choice = re.match(r"argument .*: invalid choice: '(.*?)' \(choose from (.*)\)$", message)
+        if choice:
+            return did_you_mean(choice[1], re.findall(r"'([^']*)'", choice[2]))
+        unknown = re.match(r"unrecognized arguments: (-[-\w]+)", message)
+        if unknown:
+            return did_you_mean(unknown[1].partition("=")[0], [o for a in self._actions for o in a.option_strings])
+        return ""
 
 
 def _selected(argv: list[str]) -> str | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from cacheon.canonical import digest
 from cacheon.contract.spec import Comparator, ShapeCase, SlotSpec, TensorSpec, Tolerance
-from cacheon.errors import UsageError
+from cacheon.errors import UsageError, did_you_mean
 
 ABI_VERSION = "cacheon-op-abi-v1"
 CATALOG_DOMAIN = "cacheon.slot-catalog.v1"
@@ -442,7 +442,7 @@ def get_slot(name: str) -> SlotSpec:
         return SLOTS[name]
     except KeyError:
         known = ", ".join(sorted(SLOTS))
-        raise UsageError(f"unknown slot {name!r}; registered slots: {known}") from None
+        raise UsageError(f"unknown slot {name!r} (registered slots: {known}){did_you_mean(name, SLOTS)}") from None
 
 
 def describe_catalog() -> dict[str, Any]:
