@@ -36,10 +36,10 @@ from cacheon.verify.launcher import CandidateGroup, InfrastructureError
 from cacheon.verify.messages import BackendFailed, Call, Capture, Captured, OutputSpec, Poison, Raised, Replay, Reply
 from cacheon.verify.plan import StabilityPlan, VerifyOptions, eager_cases
 from cacheon.verify.poison import draw_poison, reference_pool
-from cacheon.verify.report import CaseResult, GraphResult, GraphStatus, Stage, StageResult
+from cacheon.verify.report import CaseResult, GraphResult, GraphStatus, Stage, StageProgress, StageResult
 from cacheon.verify.untrusted import one_line
 
-Emit = Callable[[CaseResult], None]
+Emit = Callable[[CaseResult | StageProgress], None]
 EAGER_BUFFERS, GRAPH_BUFFERS, STABILITY_BUFFERS = 0, 1, 100
 #: the most extra frames a call is made under: the child's own depth is about 8, and the pin nests
 #: a kernel some 30-60 frames deep (scheduler loop, model runner, two frames per nn.Module call),
@@ -215,6 +215,7 @@ def stability(run: Run, plan: StabilityPlan) -> StageResult:
         replies = run.group.exchange(
             run.calls(seq, STABILITY_BUFFERS + call.key, spec.case, spec.dtype, ranks, call.refill, poison), seq)
         made += 1
+        run.emit(StageProgress(Stage.STABILITY, made, len(plan.calls)))
         verdict = run.judge(spec.case, spec.dtype, ranks, replies)
         if not verdict.ok:
             note = f"call {made} of {len(plan.calls)}"
