@@ -98,10 +98,11 @@ class Run:
             for inputs in shipped
         ]
 
-    def judge(self, case: ShapeCase, dtype: str, ranks: list[Inputs], replies: list[Reply]) -> Judgement:
+    def judge(self, case: ShapeCase, dtype: str, ranks: list[Inputs], replies: list[Reply],
+              poison: Poison | None = None) -> Judgement:
         reference = self.slot.reference(reference_inputs(self.slot, ranks), self.slot.scalars(case))
         self._pool = reference_pool(reference)
-        return judge_ranks(self.slot, case, dtype, ranks, reference, replies)
+        return judge_ranks(self.slot, case, dtype, ranks, reference, replies, poison)
 
 
 def case_result(
@@ -129,7 +130,7 @@ def eager(run: Run) -> StageResult:
                 seq = run.next_seq()
                 poison = run.poison(dtype, label, trial)
                 replies = run.group.exchange(run.calls(seq, EAGER_BUFFERS, case, dtype, ranks, trial > 0, poison), seq)
-                result = case_result(stage, dtype, case, trial, run.judge(case, dtype, ranks, replies),
+                result = case_result(stage, dtype, case, trial, run.judge(case, dtype, ranks, replies, poison),
                                      planned.note(), planned.id)
                 results.append(result)
                 run.emit(result)
@@ -186,7 +187,7 @@ def _graph_case(run: Run, case: ShapeCase, dtype: str, results: list[CaseResult]
         poison = run.poison(dtype, label, "replay", replay)
         message = Replay(seq, GRAPH_BUFFERS, channel.tensors_to_wire(dynamic), poison)
         replies = run.group.exchange([message], seq)
-        result = case_result(Stage.GRAPH, dtype, case, replay, run.judge(case, dtype, ranks, replies))
+        result = case_result(Stage.GRAPH, dtype, case, replay, run.judge(case, dtype, ranks, replies, poison))
         results.append(result)
         run.emit(result)
         if not result.ok:
@@ -216,7 +217,7 @@ def stability(run: Run, plan: StabilityPlan) -> StageResult:
             run.calls(seq, STABILITY_BUFFERS + call.key, spec.case, spec.dtype, ranks, call.refill, poison), seq)
         made += 1
         run.emit(StageProgress(Stage.STABILITY, made, len(plan.calls)))
-        verdict = run.judge(spec.case, spec.dtype, ranks, replies)
+        verdict = run.judge(spec.case, spec.dtype, ranks, replies, poison)
         if not verdict.ok:
             note = f"call {made} of {len(plan.calls)}"
             result = case_result(Stage.STABILITY, spec.dtype, spec.case, made, verdict, note)
