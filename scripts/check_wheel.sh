@@ -33,7 +33,7 @@ assert all((resources.files("cacheon.gateway") / "static" / name).is_file() for 
 cli="$work/venv/bin/cacheon"
 ! "$work/venv/bin/python" -c 'import torch' 2>/dev/null || { echo "torch is in the fresh venv" >&2; exit 1; }
 "$cli" --help > /dev/null
-for command in slots new scan package verify; do "$cli" "$command" --help > /dev/null || [ "$command" = verify ]; done
+for command in slots new scan package; do "$cli" "$command" --help > /dev/null; done
 "$cli" slots > /dev/null
 "$cli" new activation.silu_and_mul starter > /dev/null
 "$cli" scan starter > /dev/null

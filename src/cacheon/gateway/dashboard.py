@@ -9,7 +9,8 @@ which the browser never sends to a server).
 The state adds to ``/status`` what a page needs and ``/status`` does not keep: the request rate
 and a latency histogram over the last minutes (sampled from the gateway's own Prometheus
 counters every ``interval_s``), and the last refusals with their request ids (taken from the
-access log's records, so they are seen while it logs at ``info``, the gateway's default).
+access log's records, so they are seen while it logs at ``info``, the gateway's default; the access
+log names no gateway, so two gateways in one process would see each other's).
 """
 
 from __future__ import annotations
