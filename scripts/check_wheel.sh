@@ -23,6 +23,24 @@ rows = json.load(open("demo.json"))
 assert [r["policy"] for r in rows] == ["rr", "approx", "exact"], rows
 assert all(0 <= r["hit_rate"] <= 1 for r in rows), rows
 '
+# The gateway dashboard's static files are package data.
+"$work/venv/bin/python" -c '
+from importlib import resources
+from cacheon.gateway.dashboard import STATIC
+assert all((resources.files("cacheon.gateway") / "static" / name).is_file() for name in STATIC)
+'
+# Without torch (the wheel does not pull it): help, slots, new, scan and package work; verify says what to install.
+cli="$work/venv/bin/cacheon"
+! "$work/venv/bin/python" -c 'import torch' 2>/dev/null || { echo "torch is in the fresh venv" >&2; exit 1; }
+"$cli" --help > /dev/null
+for command in slots new scan package; do "$cli" "$command" --help > /dev/null; done
+"$cli" slots > /dev/null
+"$cli" new activation.silu_and_mul starter > /dev/null
+"$cli" scan starter > /dev/null
+"$cli" package starter --out starter.tar.gz > /dev/null
+if "$cli" verify starter 2> err.txt; then echo "verify ran without torch" >&2; exit 1; fi
+grep -q "torch is not installed; \`cacheon verify\` needs it: pip install torch" err.txt
+test "$(wc -l < err.txt)" -eq 1
 # A command that needs a missing release says how to get it, in one line.
 if env -u SGLANG_RELEASES_DIR XDG_CACHE_HOME="$work/empty" "$work/venv/bin/cacheon" sim worker --port 1 \
         --kv-port 2 --sglang-version 0.5.23 2> err.txt; then
@@ -30,4 +48,4 @@ if env -u SGLANG_RELEASES_DIR XDG_CACHE_HOME="$work/empty" "$work/venv/bin/cache
 fi
 grep -q "run \`cacheon sim install-releases 0.5.23 --releases-dir $work/empty/cacheon/sglang-releases\`" err.txt
 test "$(wc -l < err.txt)" -eq 1
-echo "ok: wheel installed in a fresh venv; cacheon demo ran from $work with the release installed into its cache"
+echo "ok: wheel installed in a fresh venv; slots/new/scan/package without torch; cacheon demo ran from $work with the release installed into its cache"

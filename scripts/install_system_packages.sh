@@ -6,6 +6,8 @@
 #   util-linux (nsenter)        as root, the verifier disables nested user namespaces in the sandbox with it
 #   g++, ninja-build, libssl-dev  SGLang's native block-hash extension (mem_cache/cpp_utils/hash_binding.cpp),
 #                               built inside the CPU-engine tier's server venvs for releases from 0.5.18 on
+#   chromium                    the headless browser the gateway dashboard's test drives through Playwright
+#                               (tests/gateway/test_gateway_dashboard.py; Playwright's own browser download is not used)
 set -euo pipefail
 bwrap_works() { command -v bwrap >/dev/null 2>&1 && bwrap --unshare-all --die-with-parent --ro-bind / / true >/dev/null 2>&1; }
 
@@ -16,6 +18,7 @@ command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
 command -v g++ >/dev/null 2>&1 || missing+=(g++)
 command -v ninja >/dev/null 2>&1 || missing+=(ninja-build)
 [ -f /usr/include/openssl/sha.h ] || missing+=(libssl-dev)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
 
 if [ "${#missing[@]}" -gt 0 ]; then
     if ! command -v apt-get >/dev/null 2>&1; then

@@ -20,6 +20,12 @@ DEST="${PEERS_DIR:-.peers}"
 declare -A SPEC=([sglang-router]="sglang-router==0.3.2" [ai-dynamo-runtime]="ai-dynamo-runtime==1.6.1")
 declare -A PROBE=([sglang-router]="sglang_router" [ai-dynamo-runtime]="dynamo.llm")
 
+if [ -L "$DEST" ] && [ ! -d "$DEST" ]; then  # a link left from another machine: say so, not "mkdir failed"
+    echo "$DEST is a link to $(readlink "$DEST"), which does not exist here: remove it (rm $DEST) or set PEERS_DIR" >&2
+    exit 1
+fi
+mkdir -p "$DEST"
+
 names=("$@")
 [ "${#names[@]}" -gt 0 ] || names=(sglang-router ai-dynamo-runtime)
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 import traceback
 from typing import Any, NoReturn
 
 from cacheon import __version__
 from cacheon.commands._args import HelpFormatter
-from cacheon.errors import CacheonError
+from cacheon.errors import CacheonError, UsageError, did_you_mean
 
 # command -> (module, one-line summary). Only the chosen command's module is imported, so
 # `cacheon slots` does not pay for the gateway's or the ledger's imports. Order = order in --help.
@@ -45,6 +46,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: packages a command may need that the wheel does not install, and how to install each
+OPTIONAL = {
+    "torch": "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu (the CPU build; "
+             "or the CUDA build for your GPU)",
+    "triton": "pip install triton==3.9.0",
+}
+
+
+def _missing(command: str | None, exc: ModuleNotFoundError) -> CacheonError | None:
+    """A command that needs a package the wheel leaves out (torch): one line saying what to install."""
+    top = (exc.name or "").partition(".")[0]
+    if top not in OPTIONAL:
+        return None
+    return UsageError(f"{top} is not installed; `cacheon {command}` needs it: {OPTIONAL[top]}")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse exits 2 on a usage error; here 2 means "checked and failed", so use 1. Every
     parser's help shows each option's default."""
@@ -55,7 +72,17 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(1, f"{self.prog}: error: {message}\n")
+        self.exit(1, f"{self.prog}: error: {message}{self._suggestion(message)}\n")
+
+    def _suggestion(self, message: str) -> str:
+        """A close match for a mistyped command, choice or option (argparse's own wording parsed)."""
+        choice = re.match(r"argument .*: invalid choice: '(.*?)' \(choose from (.*)\)$", message)
+        if choice:
+            return did_you_mean(choice[1], re.findall(r"'([^']*)'", choice[2]))
+        unknown = re.match(r"unrecognized arguments: (-[-\w]+)", message)
+        if unknown:
+            return did_you_mean(unknown[1].partition("=")[0], [o for a in self._actions for o in a.option_strings])
+        return ""
 
 
 def _selected(argv: list[str]) -> str | None:
@@ -83,7 +110,14 @@ def build_parser(selected: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(_selected(argv))
+    selected = _selected(argv)
+    try:
+        parser = build_parser(selected)
+    except ModuleNotFoundError as exc:  # the command's module needs a package the wheel leaves out
+        missing = _missing(selected, exc)
+        if missing is None:
+            raise
+        return _one_line(selected or "", missing, debug=False)
     args, extra = parser.parse_known_args(argv)
     if extra:  # said by the command's own parser, so its usage line is the one shown
         _leaf(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
@@ -118,6 +152,8 @@ def _leaf(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse
 
 def _one_line(command: str, exc: Exception, debug: bool) -> int:
     """A user mistake or an environment problem in one line; anything else is a bug to report."""
+    if isinstance(exc, ModuleNotFoundError):
+        exc = _missing(command, exc) or exc
     if isinstance(exc, CacheonError):
         print(f"cacheon {command}: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -71,7 +71,7 @@ MISTAKES = [
     (("package", SILU, "--out", "{junk}/file.txt"), "exists; add --force to replace it"),
     (("package", "{junk}/file.txt", "--out", "{junk}/x.tgz"), "is not a bundle directory"),
     # new
-    (("new", "no.such_slot", "{junk}/n"), "unknown slot 'no.such_slot'; registered slots:"),
+    (("new", "no.such_slot", "{junk}/n"), "unknown slot 'no.such_slot' (registered slots:"),
     (("new", "norm.rmsnorm", "{junk}/missing/n"), "directory {junk}/missing does not exist"),
     (("new", "norm.rmsnorm", "{junk}/file.txt"), "exists and is not a directory"),
     (("new", "norm.rmsnorm", "{junk}/binary-manifest"), "exists and is not empty; add --force"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -59,4 +60,19 @@ def test_progress_is_quiet_with_json_and_off_a_terminal():
     assert STATUS not in terminal
     piped = subprocess.run([sys.executable, "-m", "cacheon.cli", *VERIFY], capture_output=True, text=True, cwd=REPO,
                            timeout=600)
-    assert piped.returncode == 0 and piped.stderr == ""
+    assert piped.returncode == 0
+    assert all(HEARTBEAT.fullmatch(line) for line in piped.stderr.splitlines()), piped.stderr  # heartbeats only
+
+
+HEARTBEAT = re.compile(rf"{STATUS}: .* \d+:\d\d")  # off a terminal, the status line every few seconds
+NARROWED = ("verify", str(EXAMPLES / "silu-torch"), "--dtype", "float32", "--stability-calls", "40", "--seed", "3")
+
+
+def test_the_stability_stage_shows_its_own_count_and_a_narrowed_run_says_partial():
+    code, out, terminal = run_with_terminal_stderr(*NARROWED)
+    assert code == 0, out + terminal
+    assert "verifying silu-torch: stability call " in terminal and " of 40" in terminal
+    lines = out.rstrip().splitlines()
+    assert lines[-2] == ("--dtype float32: a partial verdict, the manifest's other dtypes were not judged "
+                         "(activation.silu_and_mul: bfloat16, float16); run without --dtype for the bundle's verdict")
+    assert lines[-1].startswith("NUMERICAL_PASS  silu-torch ")

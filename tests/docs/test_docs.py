@@ -4,6 +4,7 @@ is documented, and the README starts with the two commands that work on a fresh 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import msgspec
 
@@ -62,3 +63,78 @@ def test_every_configuration_key_says_what_it_means():
                 if isinstance(sub, (msgspec.inspect.StructType, msgspec.inspect.DataclassType)):
                     queue.append(sub.cls)
     assert len(seen) >= 6 and not undescribed, undescribed
+
+
+# Names the docs give for Cacheon's own code: a path under one of the repository's top directories
+# or packages, `path.py Name[.member]`, `cacheon.module[.Name]`, and private classes such as `_Relay`.
+_TOPS = ("src", "scripts", "tests", "benchmarks", "deploy", "examples", "docs", "cacheon",
+         *(p.name for p in (REPO / "src" / "cacheon").iterdir() if p.is_dir() and not p.name.startswith("_")))
+_PATH = re.compile(rf"(?<![\w./-])((?:{'|'.join(_TOPS)})/(?:[\w-]+/)*[\w-]+\.(?:py|sh))\b")
+_PAIR = re.compile(r"(?<![\w./-])((?:[\w-]+/)+[\w-]+\.py) ([A-Z_][A-Za-z0-9_]*)(?:\.([a-z_][a-z0-9_]*))?")
+_DOTTED = re.compile(r"`(cacheon(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+_PRIVATE_CLASS = re.compile(r"(?<![\w.])(_[A-Z][A-Za-z0-9]+)\b")
+
+
+def _source(path: str) -> Path | None:
+    """A path as the docs write it: from the repository root, from src/, or inside the package."""
+    return next((base / path for base in (REPO, REPO / "src", REPO / "src" / "cacheon") if (base / path).is_file()),
+                None)
+
+
+def _names(module: Path) -> dict[str, set[str]]:
+    """A module's top-level names (classes, functions, assignments, imports), each with its members."""
+    import ast
+
+    names: dict[str, set[str]] = {}
+    for node in ast.parse(module.read_text()).body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            members = {n.name for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+            members |= {n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target,
+                                                                                                       ast.Name)}
+            names[node.name] = members
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    names[target.id] = set()
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names.update({(a.asname or a.name): set() for a in node.names})
+    return names
+
+
+def _dotted_resolves(dotted: str) -> bool | None:
+    """``cacheon.a.b.Name``: True when it names a module or a module's attribute; None when it is not a
+    module path at all (a logger or attribute name such as ``cacheon.access``)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 1, -1):
+        base = REPO / "src" / Path(*parts[:cut])
+        module = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if module.is_file():
+            rest, names = parts[cut:], _names(module)
+            return not rest or (rest[0] in names and (len(rest) == 1 or rest[1] in names[rest[0]]))
+    return None
+
+
+def test_the_module_and_class_names_the_docs_give_exist():
+    import ast
+
+    trees = [ast.parse(f.read_text()) for f in (REPO / "src").rglob("*.py")]
+    nodes = [n for tree in trees for n in ast.walk(tree)]
+    defined = {n.name for n in nodes if isinstance(n, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)}
+    # dotted strings the code writes (a digest's domain such as cacheon.bundle.v1) are not module paths
+    literals = {v for n in nodes if isinstance(n, ast.Constant) and isinstance(v := n.value, str | bytes)}
+    written = {(v.decode(errors="replace") if isinstance(v, bytes) else v).rstrip("\0") for v in literals}
+    stale = []
+    for page in [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").rglob("*.md"))]:
+        if not page.is_file():
+            continue
+        text, where = page.read_text(), page.relative_to(REPO)
+        stale += [f"{where}: {p}" for p in sorted(set(_PATH.findall(text))) if _source(p) is None]
+        for path, name, member in sorted(set(_PAIR.findall(text))):
+            module = _source(path)
+            names = _names(module) if module is not None and module.suffix == ".py" else None
+            if names is not None and (name not in names or (member and member not in names[name])):
+                stale.append(f"{where}: {path} {name}{'.' + member if member else ''}")
+        stale += [f"{where}: {d}" for d in sorted(set(_DOTTED.findall(text)))
+                  if d not in written and _dotted_resolves(d) is False]
+        stale += [f"{where}: {n}" for n in sorted(set(_PRIVATE_CLASS.findall(text))) if n not in defined]
+    assert not stale, stale

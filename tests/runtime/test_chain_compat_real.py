@@ -71,3 +71,18 @@ def test_other_sdk_version_differs(runs):
     code, document = runs["version_differs"]
     assert code == 2
     assert document["canary"]["version_row"]["detail"] == f"11.3.0 DIFFERS from pin {BITTENSOR_PIN}"
+
+
+def test_the_sdk_is_found_where_the_installer_put_it_or_the_error_says_what_to_set(tmp_path):
+    """After `make setup` nothing needs to be on PYTHONPATH: `.chain/bittensor` of the checkout (or
+    $CACHEON_CHAIN_TARGET) is found; where there is none, one line says what to set."""
+    if not (TARGET / "bittensor").is_dir():
+        pytest.skip(f"the Bittensor SDK is not installed in {TARGET}")  # the module's fixture fails under REQUIRE
+    env = {k: v for k, v in python_env().items() if k != "CACHEON_CHAIN_TARGET"}
+    found = finish(start_python(CHAIN_COMPAT, {**env, "CACHEON_CHAIN_TARGET": str(TARGET)}))
+    assert found.returncode == 0, found.stderr[-3000:]
+    assert json.loads(found.stdout)["canary"]["version"] == BITTENSOR_PIN
+    assert f"chain-compat: the Bittensor SDK from {TARGET}" in found.stderr
+    missing = finish(start_python(CHAIN_COMPAT, {**env, "CACHEON_CHAIN_TARGET": str(tmp_path / "none")}))
+    assert missing.returncode == 2
+    assert "bittensor is not importable and not in" in missing.stderr and "set CACHEON_CHAIN_TARGET" in missing.stderr

@@ -14,12 +14,14 @@ SESSIONS, TURNS = 8, 4
 
 
 def test_demo_exact_beats_round_robin(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["demo", "--workers", "4", "--sessions", str(SESSIONS), "--turns", str(TURNS), "--arrivals", "4", "--json"]
+    argv = ["demo", "--workers", "4", "--sessions", str(SESSIONS), "--turns", str(TURNS), "--arrivals", "4", "--seed", "3",
+            "--json"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     outcomes = {o["policy"]: o for o in json.loads(out[out.index("[") :])}
     requests = SESSIONS * TURNS
     assert list(outcomes) == ["rr", "approx", "exact"]
+    assert {o["seed"] for o in outcomes.values()} == {3}
     assert outcomes["rr"]["reasons"] == {"rr:round_robin": requests}
     assert all(sum(o["load"].values()) == requests and 0 < o["hit_rate"] < 1 for o in outcomes.values())
     exact = outcomes["exact"]
@@ -27,3 +29,10 @@ def test_demo_exact_beats_round_robin(capsys: pytest.CaptureFixture[str]) -> Non
     assert exact["reasons"].get("exact:prefix_hit", 0) > requests // 2, exact
     assert exact["hit_rate"] > 1.5 * outcomes["rr"]["hit_rate"], outcomes
     assert outcomes["approx"]["reasons"].get("approx:prefix_hit", 0) > 0, outcomes["approx"]
+
+
+def test_the_seed_draws_the_workload() -> None:
+    from cacheon.sim.demo import conversations
+
+    assert conversations(4, 3, seed=5) == conversations(4, 3, seed=5)
+    assert conversations(4, 3, seed=5) != conversations(4, 3, seed=6)

@@ -12,7 +12,7 @@ from typing import Any
 from cacheon.bundle.paths import check_relative
 from cacheon.bundle.snapshot import Snapshot, read_snapshot
 from cacheon.contract.catalog import ABI_VERSION, SLOTS
-from cacheon.errors import UsageError
+from cacheon.errors import UsageError, did_you_mean
 
 MANIFEST_NAME = "manifest.toml"
 _BUNDLE_ID = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -89,7 +89,8 @@ def _string_list(value: Any, path: Path, where: str) -> tuple[str, ...]:
 def _unknown(data: dict[str, Any], allowed: set[str], path: Path, where: str) -> None:
     extra = sorted(set(data) - allowed)
     if extra:
-        raise _fail(path, where + extra[0], f"unknown key (allowed: {', '.join(sorted(allowed))})")
+        raise _fail(path, where + extra[0],
+                    f"unknown key (allowed: {', '.join(sorted(allowed))}){did_you_mean(extra[0], allowed)}")
 
 
 def _declared_path(snapshot: Snapshot, text: str, path: Path, where: str) -> str:
@@ -134,7 +135,8 @@ def _parse_op(op: dict[str, Any], i: int, snapshot: Snapshot, path: Path) -> OpE
     _unknown(op, _OP_KEYS, path, where)
     slot = _string(op, "slot", path, where)
     if slot not in SLOTS:
-        raise _fail(path, where + "slot", f"unknown slot {slot!r}; registered: {', '.join(sorted(SLOTS))}")
+        raise _fail(path, where + "slot",
+                    f"unknown slot {slot!r} (registered: {', '.join(sorted(SLOTS))}){did_you_mean(slot, SLOTS)}")
     source = _string(op, "source", path, where)
     if not source.endswith(".py"):
         raise _fail(path, where + "source", f"{source!r} must be a Python source file (.py)")

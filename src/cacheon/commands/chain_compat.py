@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+import sys
+from pathlib import Path
 
+import cacheon
 from cacheon.commands.compat import emit_canary
 from cacheon.evidence.classes import CHAIN_COMPAT_SUBJECT
 from cacheon.evidence.record import add_record_arguments
 from cacheon.runtime.chain import chain_environment, run_chain_canary
 from cacheon.runtime.pin import BITTENSOR_PIN
+
+TARGET_ENV = "CACHEON_CHAIN_TARGET"  # where scripts/install_chain_pin.sh put the SDK (its CHAIN_TARGET)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,4 +32,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _find_sdk()
     return emit_canary(args, run_chain_canary, chain_environment, CHAIN_COMPAT_SUBJECT)
+
+
+def _find_sdk() -> None:
+    """The pinned SDK lives apart from the venv (scripts/install_chain_pin.sh): when it is not importable,
+    look where that script puts it (``$CACHEON_CHAIN_TARGET``, else ``.chain/bittensor`` in the current
+    directory or in the checkout Cacheon runs from) and import it from there; else say what to set."""
+    if importlib.util.find_spec("bittensor") is not None:
+        return
+    checkout = Path(cacheon.__file__).resolve().parents[2]
+    places = [Path(os.environ[TARGET_ENV])] if os.environ.get(TARGET_ENV) else [
+        Path.cwd() / ".chain" / "bittensor", checkout / ".chain" / "bittensor"]
+    found = next((p for p in places if (p / "bittensor").is_dir()), None)
+    if found is not None:
+        sys.path.insert(0, str(found))
+        print(f"chain-compat: the Bittensor SDK from {found}", file=sys.stderr)
+        return
+    print(f"chain-compat: bittensor is not importable and not in {' or '.join(map(str, places))}: run "
+          f"scripts/install_chain_pin.sh (make setup does), or set {TARGET_ENV} (or PYTHONPATH) to the directory "
+          "it installed into", file=sys.stderr)

@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--releases-dir", type=Path, help="where the simulator's SGLang releases are unpacked; the one "
                    "needed is installed there if missing (default: $SGLANG_RELEASES_DIR, else ./.sglang in a checkout, "
                    "else ~/.cache/cacheon/sglang-releases)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="draws the workload (documents, system "
+                   "prompts, arrivals, send order); printed, so a run's workload can be replayed. Concurrent "
+                   "requests still race, so the numbers vary a little between runs of one seed")
     p.add_argument("--json", action="store_true", help="print each policy's hit rate, load and decisions as JSON")
     p.set_defaults(handler=_run)
 
@@ -51,14 +54,16 @@ def _run(args: argparse.Namespace) -> int:
     with Progress(f"demo: {args.workers} simulated workers and the gateway under rr, approx and exact",
                   quiet=args.json):
         outcomes = demo(args.workers, args.sessions, args.turns, args.sglang_version, args.page_size,
-                        args.capacity_tokens, args.delay_ms, arrivals=args.arrivals, releases=root)
+                        args.capacity_tokens, args.delay_ms, arrivals=args.arrivals, releases=root, seed=args.seed)
     if args.json:
         fields = ("policy", "hit_rate", "load", "reasons", "spread")
-        print_json([{k: getattr(o, k) for k in fields} for o in outcomes])
+        print_json([{**{k: getattr(o, k) for k in fields}, "seed": args.seed} for o in outcomes])
         return 0
     print(f"{'policy':<8} {'hit rate':>8} {'max/mean load':>14}  requests per worker / decisions")
     for o in outcomes:
         load = " ".join(f"{k}={v}" for k, v in o.load.items())
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(o.reasons.items()))
         print(f"{o.policy:<8} {o.hit_rate:>8.3f} {o.spread:>14.2f}  {load} / {reasons}")
+    print(f"seed {args.seed} (--seed {args.seed} replays this workload; concurrent requests still race, so the "
+          "numbers vary a little)")
     return 0

@@ -25,11 +25,12 @@ from cacheon.verify.plan import (
     case_kind,
     draw_seed,
 )
-from cacheon.verify.report import CaseResult, OpReport, StageResult, VerifyReport
+from cacheon.verify.report import CaseResult, OpReport, StageProgress, StageResult, VerifyReport
 from cacheon.verify.runner import chosen_ops, verify_bundle
 from cacheon.verify.sandbox import require_bubblewrap
 
 EXIT = {"PASS": 0, "NUMERICAL_PASS": 0, "FAIL": 2}
+HEARTBEAT_S = 5.0  # off a terminal (CI logs, a pipe): the status as a line this often
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -116,6 +117,10 @@ def _print_summary(args: argparse.Namespace, report: VerifyReport) -> None:
     if report.case is not None:
         print(f"--case {report.case}: one case ran; a check for its author, not the bundle's verdict "
               "(run without --case for that)")
+    elif report.unjudged:
+        left = "; ".join(f"{slot}: {', '.join(dtypes)}" for slot, dtypes in report.unjudged.items())
+        print(f"--dtype {', '.join(args.dtype)}: a partial verdict, the manifest's other dtypes were not judged "
+              f"({left}); run without --dtype for the bundle's verdict")
     print(f"{report.verdict}  {report.bundle_id} {report.bundle_digest}")
 
 
@@ -168,9 +173,11 @@ def run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"verifying {admission.manifest.bundle_id} {admission.digest} on {args.device} "
                   f"(confinement {confinement.value}, seed {seed})", flush=True)
-        with Progress(f"verifying {admission.manifest.bundle_id}: starting the sandbox", quiet=args.json) as shown:
+        with Progress(f"verifying {admission.manifest.bundle_id}: starting the sandbox", quiet=args.json,
+                      heartbeat_s=HEARTBEAT_S) as shown:
             # the admitted snapshot: its bytes run and its digest is recorded, the path is not read again
-            report = verify_bundle(admission.snapshot, admission.manifest, options, _reporter(args, shown))
+            reporter = _reporter(args, shown, admission.manifest.bundle_id)
+            report = verify_bundle(admission.snapshot, admission.manifest, options, reporter)
     if args.json:
         print_json(report.to_json(debug=args.debug))
     else:
@@ -182,14 +189,19 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _reporter(args: argparse.Namespace, shown: Progress) -> Callable[[str, CaseResult | StageResult], None]:
+def _reporter(args: argparse.Namespace, shown: Progress, name: str
+              ) -> Callable[[str, CaseResult | StageResult | StageProgress], None]:
     """Each judged case: its line on stdout (text mode) and the status line's latest news."""
     judged = {"calls": 0}
 
-    def report(mode: str, event: CaseResult | StageResult) -> None:
+    def report(mode: str, event: CaseResult | StageResult | StageProgress) -> None:
+        if isinstance(event, StageProgress):  # the stability stage's own count, not the last eager case
+            shown.update(f"verifying {name}: {event.stage.value} call {event.done} of {event.total}")
+            return
         if isinstance(event, CaseResult):
             judged["calls"] += 1
-            shown.update(f"{event.stage.value} {event.case_id or event.dtype} {event.shape} #{event.trial}: "
+            shown.update(f"verifying {name}: {event.stage.value} {event.case_id or event.dtype} {event.shape} "
+                         f"#{event.trial}: "
                          f"{'ok' if event.ok else 'FAIL'} ({judged['calls']} calls judged)")
         if not args.json:
             shown.print(event.line(mode) if isinstance(event, CaseResult) else event.summary())

@@ -7,9 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from cacheon.canonical import digest
-from cacheon.contract import references
 from cacheon.contract.spec import Comparator, ShapeCase, SlotSpec, TensorSpec, Tolerance
-from cacheon.errors import UsageError
+from cacheon.errors import UsageError, did_you_mean
 
 ABI_VERSION = "cacheon-op-abi-v1"
 CATALOG_DOMAIN = "cacheon.slot-catalog.v1"
@@ -64,7 +63,6 @@ SILU_AND_MUL = SlotSpec(
     outputs=(TensorSpec("out", ("T", "d")),),
     scalars=_no_scalars,
     scalar_names=(),
-    reference=references.silu_and_mul,
     reference_id="cacheon.contract.references.silu_and_mul@float64",
     comparator=_ELEMENTWISE,
     dtypes=FLOAT_DTYPES,
@@ -90,7 +88,6 @@ RMSNORM = SlotSpec(
     outputs=(TensorSpec("out", ("T", "H")),),
     scalars=_rmsnorm_scalars,
     scalar_names=("eps",),
-    reference=references.rmsnorm,
     reference_id="cacheon.contract.references.rmsnorm@float64",
     comparator=_REDUCTION,
     dtypes=FLOAT_DTYPES,
@@ -120,7 +117,6 @@ ATTENTION_SDPA = SlotSpec(
     outputs=(TensorSpec("out", ("T", "Hq", "D")),),
     scalars=_attention_scalars,
     scalar_names=("sm_scale", "causal"),
-    reference=references.attention,
     reference_id="cacheon.contract.references.attention@float64",
     comparator=_ATTENTION,
     dtypes=FLOAT_DTYPES,
@@ -156,7 +152,6 @@ ATTENTION_DECODE = SlotSpec(
     outputs=(TensorSpec("out", ("B", "Hq", "D")),),
     scalars=_decode_scalars,
     scalar_names=("sm_scale",),
-    reference=references.attention_decode,
     reference_id="cacheon.contract.references.attention_decode@float64",
     comparator=_ATTENTION,
     dtypes=FLOAT_DTYPES,
@@ -197,7 +192,6 @@ MOE_FUSED_EXPERTS = SlotSpec(
     outputs=(TensorSpec("out", ("T", "H")),),
     scalars=_no_scalars,
     scalar_names=(),
-    reference=references.fused_experts,
     reference_id="cacheon.contract.references.fused_experts@float64",
     comparator=_MOE,
     dtypes=FLOAT_DTYPES,
@@ -231,7 +225,6 @@ ALL_REDUCE = SlotSpec(
     outputs=(TensorSpec("out", ("T", "H")),),
     scalars=_no_scalars,
     scalar_names=(),
-    reference=references.all_reduce,
     reference_id="cacheon.contract.references.all_reduce@float64",
     comparator=_COLLECTIVE,
     dtypes=("float32", "bfloat16"),
@@ -256,7 +249,6 @@ AR_RESIDUAL_RMSNORM = SlotSpec(
     outputs=(TensorSpec("out_norm", ("T", "H")), TensorSpec("out_residual", ("T", "H"))),
     scalars=_rmsnorm_scalars,
     scalar_names=("eps",),
-    reference=references.ar_residual_rmsnorm,
     reference_id="cacheon.contract.references.ar_residual_rmsnorm@float64",
     comparator=_COLLECTIVE,
     dtypes=("float32", "bfloat16"),
@@ -284,7 +276,6 @@ MOE_FUSED_EXPERTS_REDUCE = SlotSpec(
     outputs=(TensorSpec("out", ("T", "H")),),
     scalars=_no_scalars,
     scalar_names=(),
-    reference=references.fused_experts_reduce,
     reference_id="cacheon.contract.references.fused_experts_reduce@float64",
     comparator=_MOE,
     dtypes=("float32", "bfloat16"),
@@ -329,7 +320,6 @@ MOE_FINALIZE_AR_RMSNORM = SlotSpec(
     outputs=(TensorSpec("out_norm", ("T", "H")), TensorSpec("out_residual", ("T", "H"))),
     scalars=_rmsnorm_scalars,
     scalar_names=("eps",),
-    reference=references.moe_finalize_ar_rmsnorm,
     reference_id="cacheon.contract.references.moe_finalize_ar_rmsnorm@float64",
     comparator=_MOE_FINALIZE,
     dtypes=("float32", "bfloat16"),
@@ -385,7 +375,6 @@ ATTENTION_MSA_BLOCK_SCORE = SlotSpec(
     outputs=(TensorSpec("out", ("B", "S//bs"), dtype="float32"),),
     scalars=_msa_scalars,
     scalar_names=("block_size",),
-    reference=references.msa_block_score,
     reference_id="cacheon.contract.references.msa_block_score@float64",
     comparator=_SELECTION,
     dtypes=FLOAT_DTYPES,
@@ -412,7 +401,6 @@ ATTENTION_MSA_PREFILL_BLOCK_SCORE = SlotSpec(
     outputs=(TensorSpec("out", ("T", "cdiv(P+T,bs)"), dtype="float32"),),
     scalars=_msa_prefill_scalars,
     scalar_names=("prefix_len", "scale", "block_size"),
-    reference=references.msa_prefill_block_score,
     reference_id="cacheon.contract.references.msa_prefill_block_score@float64",
     comparator=_SELECTION,
     dtypes=FLOAT_DTYPES,
@@ -454,7 +442,7 @@ def get_slot(name: str) -> SlotSpec:
         return SLOTS[name]
     except KeyError:
         known = ", ".join(sorted(SLOTS))
-        raise UsageError(f"unknown slot {name!r}; registered slots: {known}") from None
+        raise UsageError(f"unknown slot {name!r} (registered slots: {known}){did_you_mean(name, SLOTS)}") from None
 
 
 def describe_catalog() -> dict[str, Any]:

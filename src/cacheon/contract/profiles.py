@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cacheon.contract import catalog, references
+from cacheon.contract import catalog
 from cacheon.contract.spec import ShapeCase, SlotSpec, TensorSpec
 from cacheon.errors import UsageError
 
@@ -32,7 +32,6 @@ def _gpt_oss_activation(slot: SlotSpec) -> SlotSpec:
     return dataclasses.replace(
         slot,
         inputs=(TensorSpec("x", ("T", "2*d"), init="wide_normal"),),
-        reference=references.gpt_oss_swiglu,
         reference_id="cacheon.contract.references.gpt_oss_swiglu@float64(alpha=1.702,limit=7.0)",
         scalars=_gpt_oss_constants,
         summary="GPT-OSS SwiGLU: g = min(x[:, :d], 7); u = clip(x[:, d:], ±7); out = g·σ(1.702·g)·(u + 1)",

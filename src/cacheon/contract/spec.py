@@ -9,25 +9,30 @@ generation is generic; the reference is per slot), so a slot can be described as
 from __future__ import annotations
 
 import ast
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
+if TYPE_CHECKING:  # torch is imported where tensors are made (verify), not by slots, new, scan or package
+    import torch
 
 SlotKind = Literal["op", "block", "collective"]
 CompareMode = Literal["allclose", "matched_ratio", "cosine", "topk_overlap"]
 
-#: dtype names a slot may run in; "act" in a TensorSpec means "the dtype of this run".
-DTYPES: Mapping[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "bool": torch.bool,
-}
+#: dtype names a slot may run in (torch's attribute names); "act" in a TensorSpec means "the dtype of this run".
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "int32", "int64", "bool")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a slot's dtype name stands for (KeyError for a name not in DTYPE_NAMES)."""
+    if name not in DTYPE_NAMES:
+        raise KeyError(name)
+    import torch
+
+    dtype: torch.dtype = getattr(torch, name)
+    return dtype
 
 
 @dataclass(frozen=True)
@@ -44,7 +49,7 @@ class TensorSpec:
         return tuple(eval_dim(expr, dims) for expr in self.shape)
 
     def resolve_dtype(self, act: str) -> torch.dtype:
-        return DTYPES[act if self.dtype == "act" else self.dtype]
+        return torch_dtype(act if self.dtype == "act" else self.dtype)
 
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = {
@@ -99,7 +104,7 @@ class ShapeCase:
         return {"dims": dict(self.dims), "params": {k: repr(v) for k, v in self.params.items()}}
 
 
-Reference = Callable[[Mapping[str, torch.Tensor], Mapping[str, Any]], dict[str, torch.Tensor]]
+Reference = Callable[[Mapping[str, "torch.Tensor"], Mapping[str, Any]], dict[str, "torch.Tensor"]]
 ScalarFn = Callable[[ShapeCase], dict[str, Any]]
 
 
@@ -115,7 +120,7 @@ class SlotSpec:
     outputs: tuple[TensorSpec, ...]
     scalars: ScalarFn
     scalar_names: tuple[str, ...]
-    reference: Reference
+    #: ``module.function@precision...``: names the trusted reference (imported on first use, with torch)
     reference_id: str
     comparator: Comparator
     dtypes: tuple[str, ...]
@@ -128,6 +133,13 @@ class SlotSpec:
     summary: str
     #: inputs handed once to the bundle's ``prepare`` entry; its result is passed as ``prepared``
     prepare_inputs: tuple[str, ...] = ()
+
+    @property
+    def reference(self) -> Reference:
+        """The function ``reference_id`` names: the id is the one record of which reference judges."""
+        module, _, name = self.reference_id.partition("@")[0].rpartition(".")
+        function: Reference = getattr(importlib.import_module(module), name)
+        return function
 
     def signature(self) -> str:
         return f"{self.entry}({', '.join(self.args)})"

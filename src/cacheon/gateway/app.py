@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from cacheon.errors import UsageError
 from cacheon.gateway.config import GatewayConfig, is_loopback, load, split_listen, worker_spec
+from cacheon.gateway.dashboard import Dashboard
 from cacheon.gateway.protocol import Runner
 from cacheon.gateway.refusals import Refusal, oai_error
 from cacheon.gateway.service import Gateway
@@ -296,7 +297,8 @@ def admin_app(gw: Gateway, token: str | None,
             return oai_error(400, f"config not reloaded, the running config is kept: {exc}",
                              code="config_rejected")
 
-    return _app(gw, [
+    board = Dashboard(gw)
+    app = _app(gw, [
         ("POST", "/config/reload", guarded(reload_config)),
         ("GET", "/workers", guarded(list_workers)),
         ("POST", "/workers", guarded(add_worker)),
@@ -304,7 +306,10 @@ def admin_app(gw: Gateway, token: str | None,
         ("DELETE", "/workers/{wid}", guarded(remove)),
         ("POST", "/workers/{wid}/drain", guarded(drain)),
         ("GET", "/status", guarded(status)),
+        *board.routes(guarded),
     ])
+    app.cleanup_ctx.append(board.sampling)
+    return app
 
 
 class GatewayServer:

@@ -22,7 +22,7 @@ import msgspec
 import yaml
 from msgspec import Meta
 
-from cacheon.errors import UsageError
+from cacheon.errors import UsageError, did_you_mean
 from cacheon.kv.wire import WireBounds
 from cacheon.tokens.profile import TokenizerSpec
 
@@ -277,7 +277,8 @@ def _error(exc: msgspec.ValidationError, prefix: str, env: Mapping[str, str]) ->
     if field_first:
         path, message = f"{path}.{field_first[1]}".lstrip("."), field_first[2]
     if message.startswith("unknown key") and not prefix.startswith("models."):
-        message += f" (allowed: {', '.join(sorted(_allowed(path)))})"
+        key = message.split()[2] if len(message.split()) > 2 else ""
+        message += f" (allowed: {', '.join(sorted(_allowed(path)))}){did_you_mean(key, _allowed(path))}"
     path = path or "config"
     if path == "policy" and message.startswith("invalid enum value"):
         message += f" (one of {', '.join(POLICIES)})"
@@ -303,7 +304,9 @@ def _models(raw: Any, base: Path) -> dict[str, TokenizerSpec]:
         except msgspec.ValidationError as exc:
             error = _error(exc, f"models.{name}", {})
             if str(error).startswith(f"models.{name}: unknown key"):
-                error = UsageError(f"{error} (allowed: {', '.join(_ModelEntry.__struct_fields__)})")
+                key = str(error).split()[-1]
+                error = UsageError(f"{error} (allowed: {', '.join(_ModelEntry.__struct_fields__)})"
+                                   f"{did_you_mean(key, _ModelEntry.__struct_fields__)}")
             raise error from None
         values = msgspec.structs.asdict(spec)
         values["tokenizer"] = base / spec.tokenizer

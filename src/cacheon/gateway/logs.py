@@ -70,7 +70,7 @@ class JsonFormatter(logging.Formatter):
         return _json.encode(out).decode()
 
 
-class _Buffered(logging.StreamHandler):
+class _Buffered(logging.StreamHandler[Any]):
     """Lines into a block buffer, written every FLUSH_S (and at once from WARNING up, and at exit).
 
     A write per request was measured at ~0.09 ms of the proxy's added latency on the 2-core VM

@@ -50,7 +50,8 @@ class Identity:
 
     @property
     def sglang_version(self) -> str | None:
-        return self.facts.get("packages", {}).get("sglang")
+        version = self.facts.get("packages", {}).get("sglang")
+        return None if version is None else str(version)
 
     @property
     def gpu_count(self) -> int:

@@ -151,7 +151,7 @@ def replay(url: str | list[str], sessions: list[Session], max_tokens: int = 16, 
 
 
 def run(policy: str, workers: int, version: str, sessions: list[Session], tmp: Path, profile: tuple[Path, Path],
-        page_size: int, capacity_tokens: int, delay_ms: int, releases: Path = RELEASES) -> Outcome:
+        page_size: int, capacity_tokens: int, delay_ms: int, releases: Path = RELEASES, seed: int = 0) -> Outcome:
     with ExitStack() as stack:
         sims = [SimProcess(stack, tmp, profile, version, page_size=page_size, capacity_tokens=capacity_tokens,
                     delay_ms=delay_ms, releases=releases)
@@ -162,7 +162,7 @@ def run(policy: str, workers: int, version: str, sessions: list[Session], tmp: P
         if policy == "exact":
             gw.settled([s.url for s in sims])
         names = {s.url: f"sim{i}" for i, s in enumerate(sims)}
-        served = [Served(**{**vars(r), "worker": names[r.worker]}) for r in replay(gw.url, sessions)]
+        served = [Served(**{**vars(r), "worker": names[r.worker]}) for r in replay(gw.url, sessions, seed=seed)]
         load = Counter(r.worker for r in served)
         hit_rate = sum(r.cached_tokens for r in served) / max(sum(r.prompt_tokens for r in served), 1)
         return Outcome(policy, hit_rate, {n: load.get(n, 0) for n in names.values()},
@@ -171,10 +171,11 @@ def run(policy: str, workers: int, version: str, sessions: list[Session], tmp: P
 
 def demo(workers: int, sessions: int, turns: int, version: str, page_size: int, capacity_tokens: int,
          delay_ms: int = 50, policies: tuple[str, ...] = ("rr", "approx", "exact"),
-         arrivals: int = 0, releases: Path = RELEASES) -> list[Outcome]:
-    workload = conversations(sessions, turns, arrivals=arrivals)
+         arrivals: int = 0, releases: Path = RELEASES, seed: int = 0) -> list[Outcome]:
+    """Each policy over the same workload: ``seed`` draws it (documents, prompts, arrivals, send order)."""
+    workload = conversations(sessions, turns, seed, arrivals=arrivals)
     with tempfile.TemporaryDirectory(prefix="cacheon-demo-") as tmp:
         profile = write_profile(Path(tmp) / "tok")
         return [run(p, workers, version, workload, Path(tmp), profile, page_size, capacity_tokens, delay_ms,
-                    releases.resolve())
+                    releases.resolve(), seed)
                 for p in policies]

@@ -8,16 +8,18 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import yaml
 
 from cacheon.sim.releases import default_dir
 from cacheon.sim.tokenizer import gateway_model
+
+T = TypeVar("T")
 
 WAIT_S = 60.0  # generous: a loaded 2-core box
 RELEASES = default_dir().resolve()  # resolved once, absolute: the processes may run elsewhere
@@ -85,7 +87,8 @@ def _spawn(stack: ExitStack, args: list[str], log: Path) -> subprocess.Popen[byt
     return proc
 
 
-def wait_until(check: Any, what: str, timeout_s: float = WAIT_S) -> Any:
+def wait_until(check: Callable[[], T | None], what: str, timeout_s: float = WAIT_S) -> T:
+    """Poll ``check`` until it returns something truthy (an HTTP error counts as not yet), and return that."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -126,12 +129,14 @@ class SimProcess:
     def stats(self) -> dict[str, float]:
         """The simulator's counters: requests completed and aborted (the client left), prompt and cached
         tokens, simulated seconds queued and in prefill."""
-        return httpx.get(f"{self.url}/sim/stats", timeout=5).json()
+        stats: dict[str, float] = httpx.get(f"{self.url}/sim/stats", timeout=5).json()
+        return stats
 
     def requests(self) -> list[dict[str, float]]:
         """The latest admitted requests' simulated schedules (prompt and cached tokens, seconds queued,
         in prefill, per output token), in admission order."""
-        return httpx.get(f"{self.url}/sim/requests", timeout=5).json()["requests"]
+        requests: list[dict[str, float]] = httpx.get(f"{self.url}/sim/requests", timeout=5).json()["requests"]
+        return requests
 
     def _up(self) -> bool:
         if self.proc.poll() is not None:

@@ -39,7 +39,7 @@ class SglangPrefixCache:
         self._cache.take_events()  # the reset's AllBlocksCleared
 
     def __len__(self) -> int:
-        return self._cache.evictable_size() // self.page_size
+        return int(self._cache.evictable_size()) // self.page_size
 
     def _key(self, tokens: Sequence[int]) -> object:
         return self._radix.RadixKey(array("q", tokens))

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import msgspec
 import torch
 
-from cacheon.contract.spec import DTYPES
+from cacheon.contract.spec import DTYPE_NAMES, torch_dtype
 from cacheon.verify.messages import (
     DETAIL_CHARS,
     MAX_NOTES,
@@ -33,6 +33,7 @@ from cacheon.verify.messages import (
     WireTensor,
 )
 
+DTYPES = {name: torch_dtype(name) for name in DTYPE_NAMES}
 _NAMES = {v: k for k, v in DTYPES.items()}
 _encoder = msgspec.msgpack.Encoder()
 _from_child = msgspec.msgpack.Decoder(FromChild)

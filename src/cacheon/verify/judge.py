@@ -10,7 +10,8 @@ from cacheon.contract.inputs import Inputs, output_layout
 from cacheon.contract.spec import ShapeCase, SlotSpec
 from cacheon.verify import channel
 from cacheon.verify.compare import bounds_in_force, compare, worst_elements
-from cacheon.verify.messages import Raised, Reply, Result
+from cacheon.verify.messages import Poison, Raised, Reply, Result
+from cacheon.verify.poison import left_in_place
 from cacheon.verify.report import Mismatch
 from cacheon.verify.untrusted import one_line
 
@@ -32,9 +33,11 @@ class Judgement:
 
 
 def judge(
-    slot: SlotSpec, case: ShapeCase, dtype: str, expected_inputs: Inputs, reference: Inputs, reply: Reply
+    slot: SlotSpec, case: ShapeCase, dtype: str, expected_inputs: Inputs, reference: Inputs, reply: Reply,
+    poison: Poison | None = None,
 ) -> Judgement:
-    """Inputs the child must still hold unchanged, outputs against the float64 ``reference``."""
+    """Inputs the child must still hold unchanged, outputs against the float64 ``reference``; with the
+    call's ``poison``, non-finite outputs the kernel never wrote are named as such."""
     if isinstance(reply, Raised):
         return Judgement([f"entry raised: {one_line(reply.reason)}"], detail=reply.detail)
     if not isinstance(reply, Result):
@@ -61,16 +64,19 @@ def judge(
             result.max_abs_err, result.max_rel_err = compared.max_abs_err, compared.max_rel_err
         result.metric.update({f"{name}.{k}" if len(slot.outputs) > 1 else k: v for k, v in compared.metric.items()})
         if not compared.ok:
-            result.failures.append(f"output {name}: {compared.detail}")
+            left = "" if poison is None or not compared.metric.get("non_finite") else \
+                left_in_place(got, poison, list(expected_inputs.values()))
+            result.failures.append(f"output {name}: {compared.detail}{left}")
             result.worst += worst_elements(name, slot.comparator.mode, tol, got, reference[name])
     return result
 
 
 def judge_ranks(
-    slot: SlotSpec, case: ShapeCase, dtype: str, ranks: list[Inputs], reference: Inputs, replies: list[Reply]
+    slot: SlotSpec, case: ShapeCase, dtype: str, ranks: list[Inputs], reference: Inputs, replies: list[Reply],
+    poison: Poison | None = None,
 ) -> Judgement:
     """Every rank judged against the same reference; one rank's failure fails the call."""
-    verdicts = [judge(slot, case, dtype, ranks[r], reference, reply) for r, reply in enumerate(replies)]
+    verdicts = [judge(slot, case, dtype, ranks[r], reference, reply, poison) for r, reply in enumerate(replies)]
     if len(verdicts) == 1:
         return verdicts[0]
     failing = [(r, v) for r, v in enumerate(verdicts) if not v.ok]

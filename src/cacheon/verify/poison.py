@@ -94,6 +94,34 @@ def _segment(kind: PoisonKind, n: int, gen: torch.Generator, pool: torch.Tensor 
     return torch.randn(n, generator=gen).mul_(scale)
 
 
+def left_in_place(got: torch.Tensor, poison: Poison, inputs: Sequence[torch.Tensor] = ()) -> str:
+    """Of ``got``'s non-finite values, those that still hold the poison written there before the call,
+    said with their region ("" when none): most likely the kernel never wrote them (a NaN it computed
+    where the poison was NaN cannot be told apart, a NaN where the poison was finite or ±inf can).
+
+    The poison is rebuilt here from the call's draw and inputs; ``stale-own`` data (the child's) is not
+    known to the parent, so only the non-finite kinds are matched, element by element."""
+    if not got.dtype.is_floating_point or got.numel() == 0:
+        return ""
+    before = torch.empty(got.shape, dtype=got.dtype)
+    fill(before, poison, inputs)
+    g = got.detach().to("cpu")
+    left = (torch.isnan(g) & torch.isnan(before)) | (torch.isinf(g) & (g == before))
+    flat = left.flatten().nonzero().flatten()
+    if flat.numel() == 0:
+        return ""
+    lo, hi = int(flat[0]), int(flat[-1])
+    values = g[left]
+    kinds = "/".join(name for name, hit in (("NaN", torch.isnan(values)), ("+inf", values == math.inf),
+                                            ("-inf", values == -math.inf)) if bool(hit.any()))
+    where = f"flat elements {lo}..{hi} of {got.numel()}"
+    if got.dim() >= 2:
+        rows = torch.unique(flat // (got.numel() // got.shape[0]))
+        where = f"{rows.numel()} of {got.shape[0]} rows, {int(rows[0])}..{int(rows[-1])}; " + where
+    return (f"; {flat.numel()} of them still hold the poison written there before the call ({kinds}): "
+            f"most likely never overwritten ({where})")
+
+
 def fill(tensor: torch.Tensor, poison: Poison, inputs: Sequence[torch.Tensor] = (),
          own: torch.Tensor | None = None) -> None:
     """Write ``poison`` into ``tensor`` in place (its storage and layout untouched); ``inputs`` are

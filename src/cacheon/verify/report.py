@@ -110,6 +110,15 @@ class CaseResult:
 
 
 @dataclass(frozen=True)
+class StageProgress:
+    """How far a stage of many calls has got (stability): for the status line, never a result."""
+
+    stage: Stage
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
 class StageResult:
     stage: Stage
     cases: tuple[CaseResult, ...] = ()  # what was judged (stability: its failures only)
@@ -180,6 +189,8 @@ class VerifyReport:
     reason: str
     #: ``--case``: the one case that ran; such a run is a check for the author, never a bundle's verdict
     case: str | None = None
+    #: ``--dtype`` left out dtypes the manifest declares: the verdict covers the others only (slot -> dtypes left out)
+    unjudged: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self, debug: bool = False) -> dict[str, Any]:
         """The report as JSON; tracebacks from the candidate's process only when ``debug``."""

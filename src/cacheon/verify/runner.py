@@ -30,7 +30,17 @@ from cacheon.verify.plan import (
     eager_cases,
     stability_plan,
 )
-from cacheon.verify.report import CaseResult, GraphStatus, OpReport, Stage, StageResult, Verdict, VerifyReport, combine
+from cacheon.verify.report import (
+    CaseResult,
+    GraphStatus,
+    OpReport,
+    Stage,
+    StageProgress,
+    StageResult,
+    Verdict,
+    VerifyReport,
+    combine,
+)
 from cacheon.verify.sandbox import require_bubblewrap
 
 __all__ = ["InfrastructureError", "VerifyOptions", "verify_bundle"]
@@ -38,7 +48,7 @@ __all__ = ["InfrastructureError", "VerifyOptions", "verify_bundle"]
 #: torch threads while judging: most calls are small, where threads cost more than they gain
 PARENT_THREADS = 1
 #: called with the slot's comparator mode and each judged case (or a finished stability stage)
-Progress = Callable[[str, CaseResult | StageResult], None]
+Progress = Callable[[str, CaseResult | StageResult | StageProgress], None]
 
 
 def check_device(device: str) -> None:
@@ -114,8 +124,15 @@ def verify_bundle(
     return VerifyReport(
         bundle_id=manifest.bundle_id, bundle_digest=digest, device=options.device, seed=run_seed,
         confinement=options.confinement.value, ops=ops, environment=env, verdict=verdict, reason=reason,
-        case=options.case,
+        case=options.case, unjudged=_unjudged(chosen, options),
     )
+
+
+def _unjudged(chosen: list[tuple[OpEntry, str | None]], options: VerifyOptions) -> dict[str, list[str]]:
+    """The dtypes each op's manifest declares that ``--dtype`` left out: what a narrowed verdict does not cover."""
+    left = {op.slot: [d for d in op.dtypes if d not in _dtypes(_slot_for(op, options), op, options.dtypes)]
+            for op, _ in chosen}
+    return {slot: dtypes for slot, dtypes in left.items() if dtypes}
 
 
 def chosen_ops(manifest: Manifest, options: VerifyOptions, seed: int) -> list[tuple[OpEntry, str | None]]:
@@ -176,7 +193,7 @@ def _verify_op(
     deadline = earliest(Deadline.after(options.op_timeout, f"the op's {options.op_timeout:g}s (--op-timeout)"),
                         run_deadline)
 
-    def emit(result: CaseResult | StageResult) -> None:
+    def emit(result: CaseResult | StageResult | StageProgress) -> None:
         if progress is not None:
             progress(slot.comparator.mode, result)
 

@@ -36,10 +36,10 @@ from cacheon.verify.launcher import CandidateGroup, InfrastructureError
 from cacheon.verify.messages import BackendFailed, Call, Capture, Captured, OutputSpec, Poison, Raised, Replay, Reply
 from cacheon.verify.plan import StabilityPlan, VerifyOptions, eager_cases
 from cacheon.verify.poison import draw_poison, reference_pool
-from cacheon.verify.report import CaseResult, GraphResult, GraphStatus, Stage, StageResult
+from cacheon.verify.report import CaseResult, GraphResult, GraphStatus, Stage, StageProgress, StageResult
 from cacheon.verify.untrusted import one_line
 
-Emit = Callable[[CaseResult], None]
+Emit = Callable[[CaseResult | StageProgress], None]
 EAGER_BUFFERS, GRAPH_BUFFERS, STABILITY_BUFFERS = 0, 1, 100
 #: the most extra frames a call is made under: the child's own depth is about 8, and the pin nests
 #: a kernel some 30-60 frames deep (scheduler loop, model runner, two frames per nn.Module call),
@@ -98,10 +98,11 @@ class Run:
             for inputs in shipped
         ]
 
-    def judge(self, case: ShapeCase, dtype: str, ranks: list[Inputs], replies: list[Reply]) -> Judgement:
+    def judge(self, case: ShapeCase, dtype: str, ranks: list[Inputs], replies: list[Reply],
+              poison: Poison | None = None) -> Judgement:
         reference = self.slot.reference(reference_inputs(self.slot, ranks), self.slot.scalars(case))
         self._pool = reference_pool(reference)
-        return judge_ranks(self.slot, case, dtype, ranks, reference, replies)
+        return judge_ranks(self.slot, case, dtype, ranks, reference, replies, poison)
 
 
 def case_result(
@@ -129,7 +130,7 @@ def eager(run: Run) -> StageResult:
                 seq = run.next_seq()
                 poison = run.poison(dtype, label, trial)
                 replies = run.group.exchange(run.calls(seq, EAGER_BUFFERS, case, dtype, ranks, trial > 0, poison), seq)
-                result = case_result(stage, dtype, case, trial, run.judge(case, dtype, ranks, replies),
+                result = case_result(stage, dtype, case, trial, run.judge(case, dtype, ranks, replies, poison),
                                      planned.note(), planned.id)
                 results.append(result)
                 run.emit(result)
@@ -186,7 +187,7 @@ def _graph_case(run: Run, case: ShapeCase, dtype: str, results: list[CaseResult]
         poison = run.poison(dtype, label, "replay", replay)
         message = Replay(seq, GRAPH_BUFFERS, channel.tensors_to_wire(dynamic), poison)
         replies = run.group.exchange([message], seq)
-        result = case_result(Stage.GRAPH, dtype, case, replay, run.judge(case, dtype, ranks, replies))
+        result = case_result(Stage.GRAPH, dtype, case, replay, run.judge(case, dtype, ranks, replies, poison))
         results.append(result)
         run.emit(result)
         if not result.ok:
@@ -215,7 +216,8 @@ def stability(run: Run, plan: StabilityPlan) -> StageResult:
         replies = run.group.exchange(
             run.calls(seq, STABILITY_BUFFERS + call.key, spec.case, spec.dtype, ranks, call.refill, poison), seq)
         made += 1
-        verdict = run.judge(spec.case, spec.dtype, ranks, replies)
+        run.emit(StageProgress(Stage.STABILITY, made, len(plan.calls)))
+        verdict = run.judge(spec.case, spec.dtype, ranks, replies, poison)
         if not verdict.ok:
             note = f"call {made} of {len(plan.calls)}"
             result = case_result(Stage.STABILITY, spec.dtype, spec.case, made, verdict, note)

@@ -30,7 +30,8 @@ def arm_silu_and_mul(req: ArmRequest) -> Disarm:
     def forward(self: Any, x: torch.Tensor) -> torch.Tensor:
         if x.dtype not in req.dtypes or x.shape[-1] % 2 or x.numel() == 0:
             req.receipt.pass_through()
-            return stock(self, x)
+            passed: torch.Tensor = stock(self, x)
+            return passed
         rows = x.reshape(-1, x.shape[-1]).contiguous()
         d = rows.shape[-1] // 2
         out = torch.empty((rows.shape[0], d), dtype=x.dtype, device=x.device)
@@ -85,7 +86,8 @@ def arm_all_reduce(req: ArmRequest) -> Disarm:
         # on every rank, so no group ever mixes implementations.
         if self.world_size == 1 or not getattr(self, _AGREED, False) or input_.dtype not in req.dtypes:
             req.receipt.pass_through()
-            return stock(self, input_)
+            passed: torch.Tensor = stock(self, input_)
+            return passed
         out = torch.empty(input_.shape, dtype=input_.dtype, device=input_.device)
         call_entry(req.entry, (input_.contiguous(), out, self.device_group), out)
         req.receipt.fire()
