@@ -23,13 +23,6 @@ JSON = {"content-type": "application/json"}
 
 
 @pytest.fixture(scope="module")
-def loop() -> Iterator[LoopThread]:
-    thread = LoopThread()
-    yield thread
-    thread.close()
-
-
-@pytest.fixture(scope="module")
 def recorder(loop: LoopThread) -> Iterator[Recorder]:
     worker = Recorder(loop)
     yield worker

@@ -45,13 +45,6 @@ def sim(tmp_path_factory: pytest.TempPathFactory, profile: tuple[Path, Path]) ->
 
 
 @pytest.fixture(scope="module")
-def loop() -> Iterator[LoopThread]:
-    thread = LoopThread()
-    yield thread
-    thread.close()
-
-
-@pytest.fixture(scope="module")
 def exact(loop: LoopThread, sim: SimProcess, profile: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[InProcessGateway]:
     """An exact gateway over the worker, READY, with an admin token and a small body bound."""

@@ -86,13 +86,6 @@ class StandIn:
         self._loop.call(self._runner.cleanup())
 
 
-@pytest.fixture(scope="module")
-def loop() -> Iterator[LoopThread]:
-    thread = LoopThread()
-    yield thread
-    thread.close()
-
-
 @pytest.fixture
 def gateway(loop: LoopThread, tmp_path: Path) -> Iterator[Any]:
     """``gateway(raw config, *workers)``: an in-process gateway over stand-ins, its workers discovered."""

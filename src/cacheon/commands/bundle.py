@@ -10,7 +10,7 @@ from cacheon.bundle.admission import admit
 from cacheon.bundle.archive import open_bundle
 from cacheon.bundle.snapshot import read_snapshot
 from cacheon.commands._files import new_path, written_whole
-from cacheon.commands._output import add_subcommands, print_json
+from cacheon.commands._output import add_subcommands, print_json, print_keys
 from cacheon.evidence import keys, modelsign
 from cacheon.printable import escape_controls
 
@@ -68,11 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_keygen(args: argparse.Namespace) -> int:
     private_path, public_path = keys.bundle_keygen(args.prefix)
     key_id = keys.bundle_key_id(keys.load_bundle_public_key(public_path))
-    if args.json:
-        print_json({"private_key": str(private_path), "public_key": str(public_path), "key_id": key_id})
-    else:
-        print(f"private key {private_path} (mode 600; keep it secret)")
-        print(f"public key  {public_path}: key id {key_id}")
+    print_keys(private_path, public_path, key_id, as_json=args.json)
     return 0
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from cacheon.commands._args import positive_int
 from cacheon.commands._files import existing_parent, written_whole
-from cacheon.commands._output import add_subcommands, print_json
+from cacheon.commands._output import add_subcommands, print_json, print_keys
 from cacheon.errors import UsageError
 from cacheon.evidence import keys, legacy, release, sbom
 from cacheon.evidence.classes import EvidenceClass, release_subject
@@ -80,12 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_keygen(args: argparse.Namespace) -> int:
     private_path, public_path = keys.keygen(args.prefix)
-    public = public_path.read_text().strip()
-    if args.json:
-        print_json({"private_key": str(private_path), "public_key": str(public_path), "key_id": public})
-    else:
-        print(f"private key {private_path} (mode 600; keep it secret)")
-        print(f"public key  {public_path}: {public}")
+    print_keys(private_path, public_path, public_path.read_text().strip(), as_json=args.json)
     return 0
 
 
