@@ -40,6 +40,11 @@ async def _forward(target_port: int) -> tuple[asyncio.Server, int]:
     return server, server.sockets[0].getsockname()[1]
 
 
+async def _close(server: asyncio.Server) -> None:
+    """On the server's own loop: ``close()`` from another thread races its connections' ends."""
+    server.close()
+
+
 @pytest.fixture
 def loop() -> Iterator[LoopThread]:
     thread = LoopThread()
@@ -80,4 +85,4 @@ def test_the_same_engine_behind_a_port_forward_is_fenced_as_a_duplicate(
                 assert r.status_code == 200 and r.headers["x-cacheon-worker"] == ready["url"]
         finally:
             gw.close()
-            server.close()
+            loop.call(_close(server))

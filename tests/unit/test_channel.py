@@ -9,7 +9,7 @@ import msgspec
 import pytest
 import torch
 
-from cacheon.printable import _plain
+from cacheon.printable import _plain, escape_controls
 from cacheon.verify import channel
 from cacheon.verify.messages import (
     DETAIL_CHARS,
@@ -25,7 +25,7 @@ from cacheon.verify.messages import (
     Result,
     WireTensor,
 )
-from cacheon.verify.untrusted import bounded, describe, escape_controls, escaped
+from cacheon.verify.untrusted import bounded, describe, escaped
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.bool])

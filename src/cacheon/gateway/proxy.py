@@ -156,10 +156,9 @@ class Proxy:
         """The prompt's tokens and what the engine may reuse of them; None where nothing can be predicted."""
         if not self.policy.tokenizes or prompt.model is None:
             return None, None
-        # A worker not yet discovered could run any release: it counts as one no chat contract covers.
-        pool = self.fleet.pool(prompt.model, set())
-        releases = {w.discovery.version if w.discovery else "undiscovered" for w in pool}
-        work = functools.partial(encode, prompt, self.profiles[prompt.model], releases)
+        profile = self.profiles[prompt.model]
+        work = functools.partial(encode, prompt, profile, self._releases(prompt.model)) if prompt.chat is not None \
+            else functools.partial(encode, prompt, profile)
         try:
             if prompt.chars > OFFLOAD_CHARS:  # a long prompt would stall every other request (and /livez)
                 tokens = await asyncio.get_running_loop().run_in_executor(self._tokenizer, work)
@@ -177,6 +176,11 @@ class Proxy:
             outcome.refusal_reason = reuse.refusal
             return None, reuse
         return tokens, reuse
+
+    def _releases(self, model: str) -> set[str]:
+        """The SGLang releases a chat for ``model`` may land on (its contract decides the rendering); a
+        worker not yet discovered could run any, so it counts as one no chat contract covers."""
+        return {w.discovery.version if w.discovery else "undiscovered" for w in self.fleet.pool(model, set())}
 
     def _pick(self, pool: list[Worker], tokens: list[int] | None, reuse: Reuse | None, outcome: Outcome,
               first: bool) -> tuple[Worker, Decision]:

@@ -24,6 +24,7 @@ import msgspec
 from cacheon.bundle.manifest import OpEntry
 from cacheon.bundle.snapshot import Snapshot, materialise
 from cacheon.errors import CacheonError
+from cacheon.printable import escape_controls
 from cacheon.verify import channel
 from cacheon.verify.child import BOOTSTRAP
 from cacheon.verify.deadline import Deadline, earliest
@@ -44,7 +45,7 @@ from cacheon.verify.output import OutputTail
 from cacheon.verify.plan import Confinement, Limits
 from cacheon.verify.sandbox import BUNDLE_MOUNT, SANDBOX_UID, WORKDIR, Launch, Mounts
 from cacheon.verify.tree_bound import TreeLimits
-from cacheon.verify.untrusted import MAX_REASON, escape_controls, escaped, one_line
+from cacheon.verify.untrusted import MAX_REASON, escaped, one_line
 
 #: how long a child may take to read the parent's Stop before it is killed anyway
 STOP_SECONDS = 1.0

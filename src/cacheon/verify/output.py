@@ -12,7 +12,7 @@ import select
 import threading
 from pathlib import Path
 
-from cacheon.verify.untrusted import escape_controls
+from cacheon.printable import escape_controls
 
 READ_BYTES = 1 << 16
 #: how often the drain looks whether it was told to stop (a writer it cannot see may hold the FIFO)

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import msgspec
 
-from cacheon.printable import escape_controls as escape_controls  # re-exported: where verify reaches for it
+from cacheon.printable import escape_controls
 from cacheon.verify.messages import TEXT_CHARS
 
 MAX_REASON = 400
