@@ -17,6 +17,8 @@ from cacheon.printable import escape_controls
 READ_BYTES = 1 << 16
 #: how often the drain looks whether it was told to stop (a writer it cannot see may hold the FIFO)
 _POLL_SECONDS = 0.2
+#: the most reads one catch-up makes, so that a candidate printing without pause cannot hold the reader
+_CATCH_UP_READS = 64
 
 
 class OutputTail:
@@ -47,18 +49,25 @@ class OutputTail:
     def _drain(self) -> None:
         while not self._stop.is_set():
             ready, _, _ = select.select([self._fd], [], [], _POLL_SECONDS)
-            if not ready:
-                continue
+            if ready and self._read_once() is None:
+                return  # every writer closed its end: the candidate's processes are gone
+
+    def _read_once(self) -> int | None:
+        """One read into the tail, under the lock so that reads from the drain and from ``text``
+        keep their order: the bytes read (0 when none are waiting), or None at end of file."""
+        with self._lock:
+            if self._fd < 0:
+                return None  # closed: the tail is final
             try:
                 chunk = os.read(self._fd, READ_BYTES)
             except BlockingIOError:
-                continue
+                return 0
             if not chunk:
-                return  # every writer closed its end: the candidate's processes are gone
-            with self._lock:
-                self._total += len(chunk)
-                self._tail += chunk
-                del self._tail[: max(0, len(self._tail) - self._keep)]
+                return None
+            self._total += len(chunk)
+            self._tail += chunk
+            del self._tail[: max(0, len(self._tail) - self._keep)]
+            return len(chunk)
 
     def settle(self, seconds: float) -> None:
         """Wait (at most ``seconds``) for the drain to reach the end: once the writers are gone,
@@ -67,7 +76,14 @@ class OutputTail:
             self._thread.join(seconds)
 
     def text(self) -> str:
-        """The tail, escaped (untrusted text, for the report only), after how much was not kept."""
+        """The tail, escaped (untrusted text, for the report only), after how much was not kept.
+
+        What is already in the FIFO is read first: a child that printed and then reported over its
+        channel has its words in the pipe before the report reaches the parent, whether or not
+        the drain thread has been scheduled since."""
+        for _ in range(_CATCH_UP_READS):
+            if not self._read_once():
+                break
         with self._lock:
             data, dropped = bytes(self._tail), self._total - len(self._tail)
         text = escape_controls(data.decode("utf-8", "replace"), keep_newlines=True)
@@ -77,4 +93,6 @@ class OutputTail:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        os.close(self._fd)
+        with self._lock:
+            os.close(self._fd)
+            self._fd = -1
