@@ -169,6 +169,28 @@ class TracingConfig(msgspec.Struct, **_CONFIG):
     service_name: Annotated[str, Meta(description="the spans' `service.name`")] = "cacheon-gateway"
 
 
+class EventPlaneConfig(msgspec.Struct, **_CONFIG):
+    """Fleet state through NATS JetStream (the ``fleet`` extra): KV events published by
+    ``cacheon kv relay`` instead of each worker's ZMQ publisher, snapshots of each worker's index,
+    and the replicas' in-flight load. Absent: the gateway subscribes to the workers directly."""
+
+    url: Annotated[str, Meta(description="the NATS server, `nats://HOST:PORT` (several comma-separated)")]
+    stream: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$",
+                                description="the JetStream stream the relays publish KV batches to")] = "CACHEON_KV"
+    snapshot_bucket: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$",
+                                         description="the object store holding each worker's index snapshot")] = (
+        "cacheon-snapshots")
+    staleness_s: Annotated[Seconds, Meta(
+        description="a worker not heard from (events or heartbeat) for this long is not routed to")] = 10.0
+    share_load: Annotated[bool, Meta(
+        description="publish this replica's routing decisions and completions, and count the others'")] = True
+
+    def __post_init__(self) -> None:
+        for part in self.url.split(","):
+            if urlsplit(part.strip()).scheme not in ("nats", "tls"):
+                raise ValueError(f"url: {part.strip()!r} is not nats://HOST:PORT")
+
+
 class GatewayConfig(msgspec.Struct, **_CONFIG):
     listen: Annotated[str, Meta(description="`HOST:PORT` of the traffic listener")] = "127.0.0.1:8080"
     policy: Annotated[PolicyName, Meta(
@@ -184,6 +206,8 @@ class GatewayConfig(msgspec.Struct, **_CONFIG):
     kv_max_replay: Annotated[Positive, Meta(
         description="the most one sequence hole asks the replay endpoint for; a longer jump clears the rank")] = 10_000
     tracing: Annotated[TracingConfig, Meta(description="OpenTelemetry tracing, off by default")] = TracingConfig()
+    event_plane: Annotated[EventPlaneConfig | None, Meta(
+        description="fleet state through NATS JetStream; null: each worker's ZMQ publisher directly")] = None
     request_timeout_s: Annotated[Seconds, Meta(
         description="upstream timeout: a whole call; for a stream, the longest gap between chunks")] = 60.0
     max_body_bytes: Annotated[Positive, Meta(description="largest request body (413 beyond)")] = 32 << 20
