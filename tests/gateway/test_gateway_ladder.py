@@ -66,7 +66,9 @@ def test_a_restarted_worker_is_fenced_and_attested_again(tmp_path: Path, profile
         # Page size 1 (SGLang's default on CUDA): the challenge's pages repeat tokens, matched by position.
         first = SimProcess(stack, tmp_path, profile, "0.5.21", page_size=1)
         first.ready()
-        gw = GatewayProcess(stack, tmp_path, profile, "exact", [{"url": first.url}])
+        # A climb that meets the new process half up (HTTP answering, its publisher not yet bound) fences
+        # it until the retry: short here, so a loaded machine's slow start-up does not outlast the wait.
+        gw = GatewayProcess(stack, tmp_path, profile, "exact", [{"url": first.url}], attest_retry_s=2)
         before = gw.settled([first.url])[first.url]["ladder"]
         assert before["state"] == "READY"
         first.proc.kill()
