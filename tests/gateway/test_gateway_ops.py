@@ -264,7 +264,7 @@ def test_workers_from_a_dns_name_come_and_go(loop: LoopThread, sim: SimProcess, 
 
 
 async def _status(gw: InProcessGateway) -> dict:
-    return gw.gateway.status()
+    return await gw.gateway.status()
 
 
 def test_ladder_transitions_are_logged_with_their_reasons(loop: LoopThread, sim: SimProcess,

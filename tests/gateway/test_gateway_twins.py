@@ -65,7 +65,7 @@ def test_the_same_engine_behind_a_port_forward_is_fenced_as_a_duplicate(
                                      "attest_interval_s": 1.0, "attest_retry_s": 1.0}, tmp_path)
         try:
             def settled() -> dict[str, dict] | None:
-                workers = {w["id"]: w for w in gw.gateway.status()["workers"]}
+                workers = {w["id"]: w for w in loop.call(gw.gateway.status())["workers"]}
                 states = sorted(w["ladder"]["state"] for w in workers.values())
                 return workers if states == ["FENCED", "READY"] else None
 

@@ -242,7 +242,7 @@ def admin_app(gw: Gateway, token: str | None,
         return seconds
 
     async def list_workers(_: web.Request) -> web.StreamResponse:
-        return json_response(await asyncio.to_thread(lambda: gw.status()["workers"]))
+        return json_response((await gw.status())["workers"])
 
     async def add_worker(request: web.Request) -> web.StreamResponse:
         try:
@@ -286,7 +286,7 @@ def admin_app(gw: Gateway, token: str | None,
         return json_response({"removed": worker.id, "in_flight_left": worker.in_flight})
 
     async def status(_: web.Request) -> web.StreamResponse:
-        return json_response(await asyncio.to_thread(gw.status))
+        return json_response(await gw.status())
 
     async def reload_config(_: web.Request) -> web.StreamResponse:
         if reload is None:

@@ -102,7 +102,7 @@ class Dashboard:
             return handler
 
         async def state(_: web.Request) -> web.StreamResponse:
-            body = _json.encode(await asyncio.to_thread(self.state))
+            body = _json.encode(await self.state())
             return web.Response(body=body, content_type="application/json", headers={"Cache-Control": "no-store"})
 
         return [("GET", "/dashboard", static("dashboard.html")),
@@ -125,9 +125,9 @@ class Dashboard:
             self.samples.append(sample(self.gw))
             await asyncio.sleep(self.interval_s)
 
-    def state(self) -> dict[str, Any]:
-        """What the page shows (digests included: run off the event loop)."""
-        status = self.gw.status()
+    async def state(self) -> dict[str, Any]:
+        """What the page shows: ``/status`` (read on the event loop, digests off it) and the samples."""
+        status = await self.gw.status()
         for worker in status["workers"]:
             held = self.gw.fleet.workers.get(worker["id"])
             worker["page_size"] = held.discovery.page_size if held is not None and held.discovery else None

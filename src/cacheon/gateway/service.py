@@ -3,6 +3,7 @@ the two that work on them, the fleet (workers) and the proxy (requests), started
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from typing import Any
@@ -118,7 +119,10 @@ class Gateway:
         added = await self.fleet.apply(gone, new)
         return {"changed": changed, "workers_added": [w.id for w in added], "workers_removed": [w.id for w in gone]}
 
-    def status(self) -> dict[str, Any]:
-        """``/status``: the policy and every worker (digests included: run off the event loop)."""
+    async def status(self) -> dict[str, Any]:
+        """``/status``: the policy and every worker. Their fields are read here, on the event loop that
+        owns them; only the digests (O(blocks), over the index the feed threads share) run off it."""
         workers = list(self.fleet.workers.values())
-        return {"policy": self.cfg.policy, "workers": [self.fleet.status(w, self.fleet.digest(w)) for w in workers]}
+        digests = await asyncio.to_thread(lambda: [self.fleet.digest(w) for w in workers])
+        return {"policy": self.cfg.policy,
+                "workers": [self.fleet.status(w, d) for w, d in zip(workers, digests, strict=True)]}
