@@ -236,8 +236,9 @@ class Exact:
     requests in flight share it) while its holders have a sequence slot for each request in flight
     that shares it; as those requests outnumber the holders' slots the weight falls toward 1 (a copy
     on a less busy worker spreads the demand, at its plain cost). Copying a hot prefix at its plain
-    cost whenever a holder had a queue (before) cost 0.02-0.06 of hit rate on a shared system prompt
-    and 0.05-0.09 on forks for no TTFT (benchmarks/README.md, issue 22).
+    cost whenever a holder had a queue (``spread_by_demand=False``, exact before issue 22) lost
+    0.02-0.05 of hit rate on a shared system prompt and 0.06-0.10 on forks, with TTFT p99 in the
+    same range (benchmarks/README.md).
 
     No fixed load bound: the worker holding the prompt wins until its queues cost more than the
     prefill it saves. A prefix counts as held when the index says so, or when a request in flight
