@@ -11,10 +11,12 @@ processes, sockets, the event path's latency, the routers' own speed.
 
 Policies: ``exact``; ``exact-no-overlay`` (requests in flight do not count as held: only the
 index's KV events); ``exact-private-1`` (a private prefix prefilled again costs its plain
-tokens); ``cache-aware-rule``, an emulation of sglang-router's ``cache_aware`` rule (requests
-count as inserted into its tree when routed; a match of 30 % or more of the prompt goes to the
-best match, else to the worker with the smallest tree; its load thresholds never trigger at this
-scale) whose hit rates and max/mean reproduce the live peer's on all four traces at seed 0.
+tokens); ``exact-hot-plain`` (a hot prefix's copy costs its plain tokens however few requests
+share it: ``exact`` before issue 22); ``cache-aware-rule``, an emulation of sglang-router's
+``cache_aware`` rule (requests count as inserted into its tree when routed; a match of 30 % or
+more of the prompt goes to the best match, else to the worker with the smallest tree; its load
+thresholds never trigger at this scale) whose hit rates and max/mean reproduce the live peer's
+on all four traces at seed 0.
 
     python benchmarks/routing_offline.py [--traces chat,system] [--seeds 0,1,2]
 """
@@ -72,6 +74,7 @@ POLICIES: dict[str, Callable[[BlockIndex[Source], ChainCache], Exact]] = {
     "exact": lambda index, chains: Exact(index, chains),
     "exact-no-overlay": lambda index, chains: Exact(index, chains, overlay=False),
     "exact-private-1": lambda index, chains: Exact(index, chains, private_weight=1.0),
+    "exact-hot-plain": lambda index, chains: Exact(index, chains, spread_by_demand=False),
     "cache-aware-rule": lambda index, chains: CacheAwareRule(index, chains),
 }
 

@@ -149,6 +149,31 @@ def test_the_slot_wait_is_the_expected_end_of_the_earliest_request() -> None:
     # late: 8 queued + (100.0908 - 100.05) / 0.1 ms = 408 of wait + 2 of decode + 6 uncached = 424
     # early: 8 queued + 8 of wait + 2 + 8 uncached (the shared page is hot: no penalty) = 26
     assert choose(policy, [a, b], sibling)[:2] == (early, "fallback_overload")
-    clock.now += 0.05  # both should have ended by now: late 8 + 0 + 6, early (8 + 8) queued + 0 + 8
-    assert choose(policy, [a, b], sibling).worker is late
+    clock.now += 0.05  # both should have ended by now
+    cousin = [*TOKENS[:2], 80, 81, 82, 83, 84, 85]  # the same one page with both: late 8 queued + 0 + 6, early 16 + 0 + 6
+    assert choose(policy, [a, b], cousin).worker is late
     assert policy.runtimes.samples == 8
+
+
+def _hot_on_b(siblings: int, max_running: int | None, **kw) -> str:
+    """b holds the 8-token prompt and prefills 16 unrelated tokens and ``siblings`` requests that share the
+    prompt (2 tokens of their own each); where does one more sibling go, a idle and empty?"""
+    policy, index, _ = _exact(**kw)
+    index.apply(("b", 0), [("store", CHAIN, None)])
+    a, b = _worker("a", max_running=max_running), _worker("b", max_running=max_running)
+    choose(policy, [b], list(range(100, 116)))
+    for k in range(siblings):
+        choose(policy, [b], [*TOKENS, 50 + k, 60 + k])
+    return choose(policy, [a, b], [*TOKENS, 90, 91]).worker.id
+
+
+def test_a_hot_prefix_is_copied_only_once_its_sharers_outnumber_the_holders_slots() -> None:
+    # b: 16 + 2k queued + 2 uncached. a: 10 uncached + (w - 1) x the 8 hot tokens it would prefill again,
+    # w = 1 + 2 x min(1, b's 4 slots / (k siblings + this one)): k <= 3: w = 3, a 26 > b 20-24; k = 4: w = 2.6,
+    # a 22.8 < b 26.
+    assert [_hot_on_b(k, 4) for k in (1, 2, 3, 4)] == ["b", "b", "b", "a"]
+    # One slot: with one sibling w = 2, a 18 < b 20; the old plain cost (w = 1) copies it with any.
+    assert _hot_on_b(1, 1) == "a"
+    assert _hot_on_b(1, 4, spread_by_demand=False) == "a"
+    # No slot bound reported: no demand to weigh, the plain cost.
+    assert _hot_on_b(1, None) == "a"

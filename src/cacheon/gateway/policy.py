@@ -229,11 +229,16 @@ class Exact:
       them (Dynamo's router weighs a worker's active blocks the same way); without a known slot
       bound there is no share to weigh.
 
-    One more term keeps what is private where it is: prefilling again a prefix that the deepest
-    holder has and no request in flight shares (a conversation's own history) costs
-    ``private_weight`` × its tokens, not once: the copy serves no one else and the prefill delays
-    whoever queues behind it there. A prefix that requests in flight share (an application's system
-    prompt, a tree's root) is a hot one: a copy on a less busy worker spreads it, at its plain cost.
+    One more term keeps a prefix where it is until a copy is needed: prefilling again a prefix that the
+    deepest holder has costs ``private_weight`` × its tokens, not once, since the copy delays whoever
+    queues behind it there and serves no one else. That holds for a conversation's own history (no
+    request in flight shares it) and for a hot prefix (an application's system prompt, a tree's root:
+    requests in flight share it) while its holders have a sequence slot for each request in flight
+    that shares it; as those requests outnumber the holders' slots the weight falls toward 1 (a copy
+    on a less busy worker spreads the demand, at its plain cost). Copying a hot prefix at its plain
+    cost whenever a holder had a queue (``spread_by_demand=False``, exact before issue 22) lost
+    0.02-0.05 of hit rate on a shared system prompt and 0.06-0.10 on forks, with TTFT p99 in the
+    same range (benchmarks/README.md).
 
     No fixed load bound: the worker holding the prompt wins until its queues cost more than the
     prefill it saves. A prefix counts as held when the index says so, or when a request in flight
@@ -245,9 +250,10 @@ class Exact:
     tokenizes = attests = True
 
     def __init__(self, index: PrefixIndex[Source], chains: ChainCache, *, private_weight: float = 3.0,
-                 decode_weight: float = 0.25, overlay: bool = True, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
+                 decode_weight: float = 0.25, overlay: bool = True, spread_by_demand: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.index, self.chains, self.overlay, self.clock = index, chains, overlay, clock
+        self.spread_by_demand = spread_by_demand  # off: a hot prefix's copy at its plain cost (an ablation)
         self.private_weight, self.decode_weight = private_weight, decode_weight
         self.runtimes = RunTimes()
         self.mean_prompt = 0.0
@@ -285,8 +291,8 @@ class Exact:
                     held[source] = max(held.get(source, 0), depth * size)
         line = self.runtimes.line()
         # Per worker: the prefix it holds (index, or in-flight overlay), prefill queued, slot wait.
-        views: list[tuple[Candidate, int, int, float, float]] = []
-        shared = 0  # the longest prefix of this prompt a request in flight also has: then it is a hot one
+        views: list[tuple[Candidate, int, int, float, float, int]] = []
+        commons: list[int] = []  # per request in flight, the prefix of this prompt it shares
         for w, found in ready:
             have, queued, wait = held.get(w.id, 0), 0, 0.0
             flying = self._flying.get(w.id, ())
@@ -294,7 +300,7 @@ class Exact:
                 queued = self._queued(w.id, flying)
                 cut = usable.get(groups.get(w.id, (0, b"")), [])
                 common = [(p.shared(cut) * p.page, p.prefilling) for p in flying if p.page == found.page_size]
-                shared = max(shared, max((c for c, _ in common), default=0))
+                commons += [c for c, _ in common]
                 if self.overlay:
                     have = max(have, max((c for c, prefilling in common if prefilling), default=0))
             slots = found.max_running * found.dp_size if found.max_running else 0
@@ -303,14 +309,18 @@ class Exact:
                 busy = self.decode_weight * min(w.in_flight, slots) / slots * self.mean_prompt
                 if w.in_flight >= slots:
                     wait = self._slot_wait(flying, w.in_flight - slots + 1, slots, now, line)
-            views.append((w, have, queued, wait, busy))
-        deepest = max(have for _, have, _, _, _ in views)
+            views.append((w, have, queued, wait, busy, slots))
+        deepest = max(view[1] for view in views)
+        hot = min(deepest, max(commons, default=0))  # what requests in flight share of the deepest match
+        spread_weight = self._spread_weight(hot, commons, views)
         turn = next(self._turns)
         best: tuple[float, int, int] | None = None
         chosen, chosen_held, queued_there, free_there = ready[0][0], 0, 0, True
-        for i, (w, have, queued, wait, busy) in enumerate(views):
-            copied = max(0, deepest - max(have, shared))  # a private prefix prefilled again, here
-            cost = queued + wait + busy + (n - have) + (self.private_weight - 1) * copied
+        for i, (w, have, queued, wait, busy, _slots) in enumerate(views):
+            copied = max(0, deepest - max(have, hot))  # a private prefix prefilled again, here
+            spread = max(0, hot - have)  # a hot one
+            cost = (queued + wait + busy + (n - have) + (self.private_weight - 1) * copied
+                    + (spread_weight - 1) * spread)
             key = (cost, -have, (i - turn) % len(ready))  # ties: the deeper cache, then rotate
             if best is None or key < best:
                 best, chosen, chosen_held, queued_there, free_there = key, w, have, queued, not wait
@@ -322,6 +332,18 @@ class Exact:
                           queued_there + n - chosen_held, now, free_there)
         self._flying.setdefault(chosen.id, []).append(ticket)
         return Decision(chosen, reason, chosen_held, ticket, chosen.id not in refused, refused.get(chosen.id))
+
+    def _spread_weight(self, hot: int, commons: Sequence[int],
+                       views: Sequence[tuple[Candidate, int, int, float, float, int]]) -> float:
+        """What a token of a copy of the ``hot`` prefix costs: ``private_weight`` while the workers holding it
+        have a slot for this request and each in flight that shares at least half of it, falling to 1 as
+        those requests outnumber the slots. A holder whose slot bound is unknown counts none (a pool that
+        reports no bound copies at the plain cost: there is no demand to weigh)."""
+        if not hot or not self.spread_by_demand:
+            return 1.0
+        slots = sum(view[5] for view in views if view[1] >= hot)
+        sharers = sum(1 for c in commons if 2 * c >= hot) + 1
+        return 1 + (self.private_weight - 1) * min(1.0, slots / sharers)
 
     def _queued(self, worker: str, flying: Sequence[InFlight]) -> int:
         """Uncached tokens still to prefill on ``worker``; a request is past its prefill once the
