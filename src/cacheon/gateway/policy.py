@@ -180,6 +180,16 @@ class InFlight:
         return hi
 
 
+class FleetLoad(Protocol):
+    """The other gateway replicas' requests in flight, kept as ``InFlight`` (``cacheon.fleet.load``)."""
+
+    def routed(self, ticket: InFlight) -> None: ...
+
+    def ended(self, ticket: InFlight) -> None: ...
+
+    def flying(self, worker: str) -> list[InFlight]: ...
+
+
 class RunTimes:
     """How long a request runs, as a line in its prefill work, learned from the requests routed.
 
@@ -253,6 +263,7 @@ class Exact:
         self.mean_prompt = 0.0
         self._turns = itertools.count()
         self._flying: dict[str, list[InFlight]] = {}  # worker -> the requests routed there, not yet released
+        self.fleet_load: FleetLoad | None = None  # the other replicas' requests, counted beside this one's
 
     def choose(self, workers: Sequence[Candidate], tokens: Sequence[int] | None,
                reuse: Reuse | None = None) -> Decision:
@@ -289,7 +300,10 @@ class Exact:
         shared = 0  # the longest prefix of this prompt a request in flight also has: then it is a hot one
         for w, found in ready:
             have, queued, wait = held.get(w.id, 0), 0, 0.0
-            flying = self._flying.get(w.id, ())
+            flying: Sequence[InFlight] = self._flying.get(w.id, ())
+            in_flight = w.in_flight
+            if self.fleet_load is not None and (remote := self.fleet_load.flying(w.id)):
+                flying, in_flight = [*flying, *remote], in_flight + len(remote)
             if flying:
                 queued = self._queued(w.id, flying)
                 cut = usable.get(groups.get(w.id, (0, b"")), [])
@@ -300,9 +314,9 @@ class Exact:
             slots = found.max_running * found.dp_size if found.max_running else 0
             busy = 0.0
             if slots:
-                busy = self.decode_weight * min(w.in_flight, slots) / slots * self.mean_prompt
-                if w.in_flight >= slots:
-                    wait = self._slot_wait(flying, w.in_flight - slots + 1, slots, now, line)
+                busy = self.decode_weight * min(in_flight, slots) / slots * self.mean_prompt
+                if in_flight >= slots:
+                    wait = self._slot_wait(flying, in_flight - slots + 1, slots, now, line)
             views.append((w, have, queued, wait, busy))
         deepest = max(have for _, have, _, _, _ in views)
         turn = next(self._turns)
@@ -321,6 +335,8 @@ class Exact:
         ticket = InFlight(chosen.id, chains[chosen_group] if chosen_group else [], page, n - chosen_held,
                           queued_there + n - chosen_held, now, free_there)
         self._flying.setdefault(chosen.id, []).append(ticket)
+        if self.fleet_load is not None:
+            self.fleet_load.routed(ticket)
         return Decision(chosen, reason, chosen_held, ticket, chosen.id not in refused, refused.get(chosen.id))
 
     def _queued(self, worker: str, flying: Sequence[InFlight]) -> int:
@@ -353,6 +369,8 @@ class Exact:
         flying = self._flying.get(ticket.worker)
         if flying and ticket in flying:
             flying.remove(ticket)
+        if self.fleet_load is not None:
+            self.fleet_load.ended(ticket)
 
     def forget(self, worker_id: str) -> None:
         self._flying.pop(worker_id, None)
