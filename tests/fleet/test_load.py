@@ -5,6 +5,7 @@ replica on its own load, and several processes serve one port."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -206,33 +207,40 @@ def test_a_lost_end_is_reconciled_and_bad_messages_are_counted(loop: LoopThread,
     assert loop.call(run()) == (2, 1, 2, 1.0)
 
 
+def serve_processes(stack: ExitStack, tmp_path: Path, profile: tuple[Path, Path], nats_url: str, stream: str,
+                    ) -> tuple[subprocess.Popen[str], int, int, set[str]]:
+    """``cacheon gateway serve --processes 2`` on one sim worker, once both processes answer on the port:
+    the process, the traffic and admin ports, and the two replica ids (``host-pid-random``)."""
+    sim = SimProcess(stack, tmp_path, profile, "0.5.23")
+    sim.ready()
+    port, admin = free_port(), free_port()
+    free_port()  # admin + 1, most likely: not handed to anyone else by this process
+    cfg = {"listen": f"127.0.0.1:{port}", "policy": "exact", "models": {"demo": gateway_model(*profile)},
+           "workers": [{"url": sim.url}], "admin": {"listen": f"127.0.0.1:{admin}"}, "health_interval_s": 0.5,
+           "event_plane": plane(nats_url, stream)}
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-m", "cacheon", "gateway", "serve", "--config", str(config),
+                             "--processes", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    stack.callback(lambda: proc.poll() is None and proc.kill())
+    replicas: set[str] = set()
+
+    def both() -> bool:
+        with httpx.Client(timeout=2) as fresh:  # a new connection each: the kernel spreads them
+            replicas.add(fresh.get(f"http://127.0.0.1:{port}/readyz").json()["fleet_load"]["replica"])
+        return len(replicas) == 2
+
+    wait_until(both, "two processes answering on one port", 30)
+    return proc, port, admin, replicas
+
+
 def test_several_processes_serve_one_port(tmp_path: Path, profile: tuple[Path, Path], nats_shared: Any,
                                           plane_names: dict) -> None:
     """``--processes 2``: both bind the traffic port (SO_REUSEPORT) and answer on it, each its own replica
     hearing the other; SIGTERM to the parent stops both."""
     with ExitStack() as stack:
-        sim = SimProcess(stack, tmp_path, profile, "0.5.23")
-        sim.ready()
-        port, admin = free_port(), free_port()
-        free_port()  # admin + 1, most likely: not handed to anyone else by this process
-        cfg = {"listen": f"127.0.0.1:{port}", "policy": "exact", "models": {"demo": gateway_model(*profile)},
-               "workers": [{"url": sim.url}], "admin": {"listen": f"127.0.0.1:{admin}"}, "health_interval_s": 0.5,
-               "event_plane": plane(nats_shared.url, plane_names["stream"])}
-        config = tmp_path / "gateway.yaml"
-        config.write_text(yaml.safe_dump(cfg))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        proc = subprocess.Popen([sys.executable, "-m", "cacheon", "gateway", "serve", "--config", str(config),
-                                 "--processes", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
-        stack.callback(lambda: proc.poll() is None and proc.kill())
-        replicas: set[str] = set()
-
-        def both() -> bool:
-            with httpx.Client(timeout=2) as fresh:  # a new connection each: the kernel spreads them
-                replicas.add(fresh.get(f"http://127.0.0.1:{port}/readyz").json()["fleet_load"]["replica"])
-            return len(replicas) == 2
-
-        wait_until(both, "two processes answering on one port", 30)
+        proc, port, admin, _ = serve_processes(stack, tmp_path, profile, nats_shared.url, plane_names["stream"])
         for a in (admin, admin + 1):
             assert httpx.get(f"http://127.0.0.1:{a}/status", timeout=5).status_code == 200
         wait_until(lambda: shared(f"http://127.0.0.1:{port}")["peers"] == 1, "each to hear the other", 10)
@@ -242,6 +250,33 @@ def test_several_processes_serve_one_port(tmp_path: Path, profile: tuple[Path, P
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, out
         assert out.count(f"on http://127.0.0.1:{port}") == 2 and "process 1 of 2" in out
+
+
+def test_the_processes_die_with_their_supervisor(tmp_path: Path, profile: tuple[Path, Path], nats_shared: Any,
+                                                 plane_names: dict) -> None:
+    """The supervisor killed outright (no signal to forward): its processes stop rather than serve on, orphaned."""
+    with ExitStack() as stack:
+        proc, _, _, replicas = serve_processes(stack, tmp_path, profile, nats_shared.url, plane_names["stream"])
+        pids = [int(r.split("-")[-2]) for r in replicas]
+        proc.kill()
+        proc.wait(10)
+
+        def gone() -> bool:
+            alive = []
+            for pid in pids:
+                try:
+                    os.kill(pid, 0)
+                    alive.append(pid)
+                except ProcessLookupError:
+                    pass
+            return not alive
+
+        try:
+            wait_until(gone, "the orphaned processes to stop", 40)
+        finally:
+            for pid in pids:  # a failed run leaves none behind
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize(("given", "why"), [

@@ -167,6 +167,9 @@ def _serve_one(args: argparse.Namespace, process: int | None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        parent = multiprocessing.parent_process()
+        if process is not None and parent is not None:  # a supervisor killed outright takes its processes along
+            loop.add_reader(parent.sentinel, stop.set)
         reloads: set[asyncio.Task[None]] = set()
 
         async def reload_logged() -> None:
