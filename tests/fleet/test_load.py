@@ -207,6 +207,41 @@ def test_a_lost_end_is_reconciled_and_bad_messages_are_counted(loop: LoopThread,
     assert loop.call(run()) == (2, 1, 2, 1.0)
 
 
+def test_a_peer_heard_again_after_expiry_is_asked_for_its_load(loop: LoopThread, nats_shared: Any,
+                                                              plane_names: dict) -> None:
+    """A peer that stalled past the expiry lost its entries here; its next batch (no hello: it never left)
+    makes this replica say hello, so every peer publishes what it has in flight again."""
+    subject = f"cacheon.load.{plane_names['stream']}"
+
+    async def run() -> list[bool]:
+        share: LoadShare[Routed] = LoadShare(nats_shared.url, plane_names["stream"], 0.1, 0.3, CollectorRegistry(),
+                                             lambda event, _routed: event)
+        peer = await nats.connect(nats_shared.url)
+        hellos: list[bool] = []
+
+        async def heard(msg: Any) -> None:
+            hellos.append(msgspec.msgpack.decode(msg.data, type=Batch).hello)
+
+        await peer.subscribe(f"{subject}.{share.replica}", cb=heard)
+        await share.start()
+        try:
+            while not hellos:
+                await asyncio.sleep(0.05)
+            send = msgspec.msgpack.encode
+            await peer.publish(f"{subject}.p", send(Batch("p", time.time(), [Routed(1, "w0", [1], 4, 4, 4)], hello=True)))
+            await asyncio.sleep(0.8)  # past expiry: dropped as silent
+            assert not share.flying("w0") and share.metrics.dropped.labels("silent")._value.get() == 1
+            hellos.clear()
+            await peer.publish(f"{subject}.p", send(Batch("p", time.time(), [], live=[1])))
+            await asyncio.sleep(0.4)
+            return hellos
+        finally:
+            await peer.close()
+            await share.stop()
+
+    assert True in loop.call(run())
+
+
 def serve_processes(stack: ExitStack, tmp_path: Path, profile: tuple[Path, Path], nats_url: str, stream: str,
                     ) -> tuple[subprocess.Popen[str], int, int, set[str]]:
     """``cacheon gateway serve --processes 2`` on one sim worker, once both processes answer on the port:

@@ -267,11 +267,15 @@ class LoadShare(Generic[T]):
         peer = self.peers.get(batch.replica)
         if peer is None:
             peer = self.peers[batch.replica] = Peer(now)
+            if not batch.hello:  # a peer this replica had expired (it stalled) or missed: ask all for theirs
+                self._hello = self._resync = True
+                self._wake.set()
         peer.heard = now
         delay = max(0.0, time.time() - batch.sent)
+        routed = now - min(delay, self.expiry_s)  # a peer's clock far behind must not age its requests more
         for event in batch.events:
             if isinstance(event, Routed):
-                self._put(batch.replica, peer, event, now - delay)
+                self._put(batch.replica, peer, event, routed)
             else:
                 self._pop(batch.replica, peer, event.seq)
         if batch.live is not None:
