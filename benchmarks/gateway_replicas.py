@@ -12,6 +12,7 @@ output token per request: the answer's latency is its first token's) and max/mea
 worker, with ranges over ``--runs``, and each configuration's median ratios to one gateway.
 
     python benchmarks/gateway_replicas.py [--workers 4] [--sessions 24] [--turns 4] [--runs 3]
+        [--prefill-us-per-token 100] [--max-running 4] [--delay-ms 0]
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def measure(config: Config, args: argparse.Namespace, sessions: list[Session], t
     with ExitStack() as stack:
         time_model = ["--prefill-us-per-token", str(args.prefill_us_per_token), "--max-running-requests",
                       str(args.max_running)]
-        sims = [SimProcess(stack, tmp, profile, "0.5.13.post1", page_size=PAGE, replay=True, extra_args=time_model)
+        sims = [SimProcess(stack, tmp, profile, "0.5.13.post1", page_size=PAGE, replay=True, delay_ms=args.delay_ms,
+                           extra_args=time_model)
                 for _ in range(args.workers)]
         for s in sims:
             s.ready()
@@ -110,7 +112,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--prefill-us-per-token", type=float, default=100.0, help="simulated prefill, uncached tokens")
-    parser.add_argument("--max-running", type=int, default=4, help="sequence slots per simulated worker")
+    parser.add_argument("--max-running", type=int, default=4, help="sequence slots per simulated worker (0: none)")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="a fixed delay per simulated request")
     args = parser.parse_args()
     sessions = conversations(args.sessions, args.turns)
     results: dict[Config, list[Result]] = {c: [] for c in CONFIGS}
@@ -126,7 +129,8 @@ def main() -> None:
                       + ("" if got.delay_mean is None else f", load delay mean {got.delay_mean * 1e3:.2f} ms"),
                       flush=True)
     print(f"\n{args.workers} workers, {args.sessions} sessions x {args.turns} turns, page {PAGE}, "
-          f"{args.prefill_us_per_token:g} us/prefill token, {args.max_running} slots, {args.runs} runs (exact)")
+          f"{args.prefill_us_per_token:g} us/prefill token, {args.max_running} slots, {args.delay_ms:g} ms/request, "
+          f"{args.runs} runs (exact)")
     print(f"{'':<26}{'hit rate':>14}{'TTFT p99 ms':>14}{'max/mean':>12}{'hit - one':>11}{'p99 / one':>11}")
     one = results[CONFIGS[0]]
     for config, rows in results.items():

@@ -183,10 +183,11 @@ class LoadShare(Generic[T]):
         self._task = asyncio.get_running_loop().create_task(self._run(), name="fleet-load")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
         if self._nc is not None:
             with contextlib.suppress(Exception):
                 await self._nc.close()
@@ -213,6 +214,8 @@ class LoadShare(Generic[T]):
         await self._send()
 
     async def _lost(self) -> None:
+        if self.plane != Plane.UP or self._task is None:  # a failed reconnect attempt, or stopping
+            return
         self.plane = Plane.DOWN
         self.metrics.up.set(0)
         self._drop(list(self.peers), Dropped.PLANE_LOST)
