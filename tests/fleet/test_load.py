@@ -30,7 +30,7 @@ from cacheon.sim.tokenizer import gateway_model
 from tests.gateway.inproc import InProcessGateway, LoopThread
 
 pytestmark = pytest.mark.timeout(120)
-SLOW_PREFILL = ["--prefill-us-per-token", "6000", "--max-running-requests", "4"]  # ~600 tokens: ~3.6 s
+SLOW_PREFILL = ["--prefill-us-per-token", "3000", "--max-running-requests", "4"]  # ~600 tokens: ~1.8 s
 LONG = "The radix cache keeps every prefix it has seen until memory runs short. " * 40
 
 
@@ -45,14 +45,20 @@ def plane(url: str, stream: str, share: bool = True) -> dict[str, Any]:
     return {"url": url, "stream": stream, "share_load": share, "load_heartbeat_s": 0.2, "load_expiry_s": 0.6}
 
 
-def replica(loop: LoopThread, tmp: Path, profile: tuple[Path, Path], urls: list[str],
-            event_plane: dict[str, Any]) -> InProcessGateway:
-    gw = InProcessGateway(loop, {"policy": "exact", "models": {"demo": gateway_model(*profile)},
-                                 "workers": [{"url": u, "id": f"w{i}"} for i, u in enumerate(urls)],
-                                 "event_plane": event_plane, "drain_timeout_s": 1}, tmp)
-    wait_until(lambda: all(w["ladder"]["state"] == "READY" for w in gw.gateway.status()["workers"]),
-               "workers READY", 30)
-    return gw
+def replicas(stack: ExitStack, loop: LoopThread, tmp: Path, profile: tuple[Path, Path], urls: list[str],
+             event_plane: dict[str, Any], n: int = 2) -> list[InProcessGateway]:
+    """``n`` in-process replicas on the same workers, once every worker is READY on each."""
+    made = []
+    for _ in range(n):
+        gw = InProcessGateway(loop, {"policy": "exact", "models": {"demo": gateway_model(*profile)},
+                                     "workers": [{"url": u, "id": f"w{i}"} for i, u in enumerate(urls)],
+                                     "event_plane": event_plane, "drain_timeout_s": 1}, tmp)
+        stack.callback(gw.close)
+        made.append(gw)
+    for gw in made:
+        wait_until(lambda gw=gw: all(w["ladder"]["state"] == "READY" for w in gw.gateway.status()["workers"]),
+                   "workers READY", 30)
+    return made
 
 
 def shared(url: str) -> dict[str, Any]:
@@ -97,9 +103,7 @@ def test_the_other_replica_routes_around_remote_load(share: bool, loop: LoopThre
         for s in sims:
             s.ready()
         cfg = plane(nats_shared.url, plane_names["stream"], share)
-        a, b = (replica(loop, tmp_path, profile, [s.url for s in sims], cfg) for _ in range(2))
-        stack.callback(a.close)
-        stack.callback(b.close)
+        a, b = replicas(stack, loop, tmp_path, profile, [s.url for s in sims], cfg)
         if share:
             wait_until(lambda: shared(b.url)["peers"] == 1, "B to hear A", 10)
         thread, got = in_background(a.url, "Document one. " + LONG)
@@ -125,8 +129,7 @@ def test_a_killed_replicas_load_expires(loop: LoopThread, profile: tuple[Path, P
             s.ready()
         urls = [s.url for s in sims]
         cfg = plane(nats_shared.url, plane_names["stream"])
-        b = replica(loop, tmp_path, profile, urls, cfg)
-        stack.callback(b.close)
+        (b,) = replicas(stack, loop, tmp_path, profile, urls, cfg, 1)
         a = GatewayProcess(stack, tmp_path, profile, "exact", [{"url": u, "id": f"w{i}"} for i, u in enumerate(urls)],
                            event_plane=cfg)
         a.settled(urls)
@@ -153,9 +156,7 @@ def test_losing_the_plane_leaves_a_replica_on_its_own_load(loop: LoopThread, pro
         for s in sims:
             s.ready()
         cfg = plane(nats_own.url, "LOAD")
-        a, b = (replica(loop, tmp_path, profile, [s.url for s in sims], cfg) for _ in range(2))
-        stack.callback(a.close)
-        stack.callback(b.close)
+        a, b = replicas(stack, loop, tmp_path, profile, [s.url for s in sims], cfg)
         wait_until(lambda: shared(b.url)["peers"] == 1, "B to hear A", 10)
         thread, _ = in_background(a.url, "Document four. " + LONG)  # ~6 s of prefill
         wait_until(lambda: shared(b.url)["remote_in_flight"] == 1, "B to count A's request", 10)

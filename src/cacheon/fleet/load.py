@@ -210,6 +210,7 @@ class LoadShare(Generic[T]):
                     self.metrics.up.set(0)
                 await asyncio.sleep(RETRY_S)
         await self._nc.subscribe(f"{self.subject}.*", cb=self._on_batch)
+        await self._nc.flush()  # the server has the subscription before this replica calls itself up
         await self._back()
         await self._send()
 
