@@ -320,7 +320,8 @@ def test_the_processes_die_with_their_supervisor(tmp_path: Path, profile: tuple[
     ({"event_plane": {"url": "nats://127.0.0.1:1", "share_load": False}}, "needs event_plane with share_load"),
     ({"event_plane": {"url": "nats://127.0.0.1:1"}, "policy": "rr"}, "needs policy exact"),
     ({"event_plane": {"url": "nats://127.0.0.1:1"}, "listen": "127.0.0.1:0"}, "needs a fixed listen port"),
-], ids=["no-plane", "share-off", "rr", "port-0"])
+    ({"event_plane": {"url": "nats://127.0.0.1:1"}, "admin": {"listen": "127.0.0.1:65534"}}, "go past 65535"),
+], ids=["no-plane", "share-off", "rr", "port-0", "admin-ports"])
 def test_several_processes_need_shared_load(tmp_path: Path, profile: tuple[Path, Path], given: dict, why: str) -> None:
     """One line, exit 1, nothing served: several processes without shared load would each see a part."""
     config = tmp_path / "gateway.yaml"
@@ -331,3 +332,14 @@ def test_several_processes_need_shared_load(tmp_path: Path, profile: tuple[Path,
                            "--processes", "3"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and why in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_an_expiry_not_past_the_heartbeat_is_refused(tmp_path: Path) -> None:
+    """A live replica would expire between its own heartbeats: refused at load, naming both keys."""
+    from cacheon.errors import UsageError
+    from cacheon.gateway.config import parse
+
+    plane_cfg = {"url": "nats://127.0.0.1:4222", "load_heartbeat_s": 2.0, "load_expiry_s": 2.0}
+    with pytest.raises(UsageError, match=r"load_expiry_s .* must be longer than load_heartbeat_s"):
+        parse({"policy": "rr", "event_plane": plane_cfg}, tmp_path, {})
+    assert parse({"policy": "rr", "event_plane": {**plane_cfg, "load_expiry_s": 2.5}}, tmp_path, {}).event_plane

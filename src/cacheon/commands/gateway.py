@@ -87,6 +87,10 @@ def processes_refusal(cfg: GatewayConfig, processes: int) -> str | None:
         return f"--processes {processes} needs policy exact (the one whose cost model counts the shared load)"
     if split_listen(cfg.listen)[1] == 0:
         return f"--processes {processes} needs a fixed listen port (port 0 would give each process its own)"
+    admin = split_listen(cfg.admin.listen)[1] if cfg.admin.listen is not None else 0
+    if admin + processes - 1 > 65535:
+        return (f"--processes {processes}: the admin ports {admin}-{admin + processes - 1} (one a process) go past "
+                "65535; set a lower admin.listen port")
     return None
 
 
