@@ -1,1 +1,1 @@
-"""Fleet state through NATS: what gateway replicas share with each other (the ``fleet`` extra)."""
+"""The fleet event plane: KV batches, snapshots and heartbeats through NATS JetStream."""
