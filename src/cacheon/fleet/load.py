@@ -35,6 +35,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from cacheon.fleet.plane import servers
+
 log = logging.getLogger("cacheon.fleet.load")
 DELAY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 RETRY_S = 1.0  # between attempts to reach a plane that was not there at start
@@ -120,11 +122,15 @@ def replica_id() -> str:
 
 
 class LoadShare(Generic[T]):
-    """This replica's side of the shared load: publishes its tickets, keeps its peers' as ``T``."""
+    """This replica's side of the shared load: publishes its tickets, keeps its peers' as ``T``.
+
+    Its own connection, not ``plane.connect``'s: it must hear of a loss at once (its callbacks drop every
+    remote entry), hear none of its own messages (``no_echo``) and find a dead link within the expiry
+    (the ping interval)."""
 
     def __init__(self, url: str, stream: str, heartbeat_s: float, expiry_s: float, registry: CollectorRegistry,
                  make: Make[T], replica: str | None = None) -> None:
-        self.servers = [part.strip() for part in url.split(",")]
+        self.servers = servers(url)
         self.subject = f"cacheon.load.{stream}"
         self.heartbeat_s, self.expiry_s, self.make = heartbeat_s, expiry_s, make
         self.replica = replica or replica_id()
