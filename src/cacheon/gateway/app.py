@@ -315,11 +315,14 @@ def admin_app(gw: Gateway, token: str | None,
 class GatewayServer:
     """Both listeners bound (or a one-line UsageError), then the gateway started; stopped in reverse.
 
-    ``config``: the file the config came from, read again by ``reload`` (SIGHUP, ``POST /config/reload``)."""
+    ``config``: the file the config came from, read again by ``reload`` (SIGHUP, ``POST /config/reload``).
+    ``process``: this one's index among several gateway processes on one traffic port (``SO_REUSEPORT``);
+    its admin listener is on the admin port + ``process``."""
 
-    def __init__(self, gw: Gateway, config: Path | None = None) -> None:
+    def __init__(self, gw: Gateway, config: Path | None = None, process: int | None = None) -> None:
         self.gw = gw
         self.config = config
+        self.process = process
         self.token = admin_token(gw.cfg, create=True)
         self._runners: list[web.AppRunner] = []
         self._reloading = asyncio.Lock()
@@ -338,7 +341,11 @@ class GatewayServer:
                 await runner.setup()
                 self._runners.append(runner)
                 host, port = split_listen(listen)
-                site = web.TCPSite(runner, host, port, reuse_address=True)
+                shared = self.process is not None and key == "listen"
+                if self.process is not None and key != "listen" and port:
+                    port += self.process
+                    listen = f"{listen.rpartition(':')[0]}:{port}"
+                site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=shared or None)
                 try:
                     await site.start()
                 except OSError as exc:  # asyncio's message repeats the address: the errno's text is enough

@@ -183,9 +183,18 @@ class EventPlaneConfig(msgspec.Struct, **_CONFIG):
     staleness_s: Annotated[Seconds, Meta(
         description="a worker not heard from (events or heartbeat) for this long is not routed to")] = 10.0
     share_load: Annotated[bool, Meta(
-        description="publish this replica's routing decisions and completions, and count the others'")] = True
+        description="publish this replica's routing decisions and completions, and count the others' "
+        "(the `exact` policy's cost model)")] = True
+    load_heartbeat_s: Annotated[Seconds, Meta(
+        description="how often a replica lists its requests in flight to the others (a lost end counts this "
+        "long)")] = 1.0
+    load_expiry_s: Annotated[Seconds, Meta(
+        description="a replica not heard from for this long loses its requests in flight elsewhere")] = 3.0
 
     def __post_init__(self) -> None:
+        if self.load_expiry_s <= self.load_heartbeat_s:
+            raise ValueError(f"load_expiry_s ({self.load_expiry_s:g}) must be longer than load_heartbeat_s "
+                             f"({self.load_heartbeat_s:g}): a live replica would expire between its heartbeats")
         for part in self.url.split(","):
             if urlsplit(part.strip()).scheme not in ("nats", "tls"):
                 raise ValueError(f"url: {part.strip()!r} is not nats://HOST:PORT")

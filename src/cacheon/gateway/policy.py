@@ -180,6 +180,16 @@ class InFlight:
         return hi
 
 
+class FleetLoad(Protocol):
+    """The other gateway replicas' requests in flight, kept as ``InFlight`` (``cacheon.fleet.load``)."""
+
+    def routed(self, ticket: InFlight) -> None: ...
+
+    def ended(self, ticket: InFlight) -> None: ...
+
+    def flying(self, worker: str) -> list[InFlight]: ...
+
+
 class RunTimes:
     """How long a request runs, as a line in its prefill work, learned from the requests routed.
 
@@ -259,6 +269,7 @@ class Exact:
         self.mean_prompt = 0.0
         self._turns = itertools.count()
         self._flying: dict[str, list[InFlight]] = {}  # worker -> the requests routed there, not yet released
+        self.fleet_load: FleetLoad | None = None  # the other replicas' requests, counted beside this one's
 
     def choose(self, workers: Sequence[Candidate], tokens: Sequence[int] | None,
                reuse: Reuse | None = None) -> Decision:
@@ -295,7 +306,10 @@ class Exact:
         commons: list[int] = []  # per request in flight, the prefix of this prompt it shares
         for w, found in ready:
             have, queued, wait = held.get(w.id, 0), 0, 0.0
-            flying = self._flying.get(w.id, ())
+            flying: Sequence[InFlight] = self._flying.get(w.id, ())
+            in_flight = w.in_flight
+            if self.fleet_load is not None and (remote := self.fleet_load.flying(w.id)):
+                flying, in_flight = [*flying, *remote], in_flight + len(remote)
             if flying:
                 queued = self._queued(w.id, flying)
                 cut = usable.get(groups.get(w.id, (0, b"")), [])
@@ -306,9 +320,9 @@ class Exact:
             slots = found.max_running * found.dp_size if found.max_running else 0
             busy = 0.0
             if slots:
-                busy = self.decode_weight * min(w.in_flight, slots) / slots * self.mean_prompt
-                if w.in_flight >= slots:
-                    wait = self._slot_wait(flying, w.in_flight - slots + 1, slots, now, line)
+                busy = self.decode_weight * min(in_flight, slots) / slots * self.mean_prompt
+                if in_flight >= slots:
+                    wait = self._slot_wait(flying, in_flight - slots + 1, slots, now, line)
             views.append((w, have, queued, wait, busy, slots))
         deepest = max(view[1] for view in views)
         hot = min(deepest, max(commons, default=0))  # what requests in flight share of the deepest match
@@ -331,6 +345,8 @@ class Exact:
         ticket = InFlight(chosen.id, chains[chosen_group] if chosen_group else [], page, n - chosen_held,
                           queued_there + n - chosen_held, now, free_there)
         self._flying.setdefault(chosen.id, []).append(ticket)
+        if self.fleet_load is not None:
+            self.fleet_load.routed(ticket)
         return Decision(chosen, reason, chosen_held, ticket, chosen.id not in refused, refused.get(chosen.id))
 
     def _spread_weight(self, hot: int, commons: Sequence[int],
@@ -375,6 +391,8 @@ class Exact:
         flying = self._flying.get(ticket.worker)
         if flying and ticket in flying:
             flying.remove(ticket)
+        if self.fleet_load is not None:
+            self.fleet_load.ended(ticket)
 
     def forget(self, worker_id: str) -> None:
         self._flying.pop(worker_id, None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -15,7 +15,7 @@ from cacheon.gateway.config import RELOADABLE, GatewayConfig, changed_keys
 from cacheon.gateway.fleet import Fleet
 from cacheon.gateway.http import session
 from cacheon.gateway.metrics import Metrics, WorkerView
-from cacheon.gateway.policy import make_policy
+from cacheon.gateway.policy import Exact, InFlight, Policy, make_policy
 from cacheon.gateway.proxy import Proxy
 from cacheon.gateway.tracing import Tracing
 from cacheon.gateway.workers import WorkerState
@@ -23,6 +23,9 @@ from cacheon.kv.feed import FeedCounters, Source
 from cacheon.kv.index import BlockIndex
 from cacheon.tokens.chains import ChainCache
 from cacheon.tokens.profile import TokenizerProfile
+
+if TYPE_CHECKING:
+    from cacheon.fleet.load import LoadShare
 
 
 def load_profiles(cfg: GatewayConfig) -> dict[str, TokenizerProfile]:
@@ -34,6 +37,27 @@ def load_profiles(cfg: GatewayConfig) -> dict[str, TokenizerProfile]:
         except UsageError as exc:
             raise UsageError(f"models.{name}: {exc}") from None
     return profiles
+
+
+def fleet_load(cfg: GatewayConfig, policy: Policy, metrics: Metrics) -> LoadShare[InFlight] | None:
+    """This replica's share of the fleet's in-flight load (``event_plane.share_load``, the ``exact``
+    policy), hooked into the policy; None when off (``cacheon.fleet`` needs the ``fleet`` extra)."""
+    plane = cfg.event_plane
+    if plane is None or not plane.share_load or not isinstance(policy, Exact):
+        return None
+    try:
+        from cacheon.fleet.load import LoadShare, Routed
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"event_plane.share_load needs the fleet extra ({exc.name} is not installed): "
+                         "pip install 'cacheon[fleet]'") from None
+
+    def remote(event: Routed, routed: float) -> InFlight:
+        return InFlight(event.worker, event.chain, event.page, event.uncached, event.work, routed, False)
+
+    share = LoadShare(plane.url, plane.stream, plane.load_heartbeat_s, plane.load_expiry_s,
+                                 metrics.registry, remote)
+    policy.fleet_load = share
+    return share
 
 
 class Gateway:
@@ -51,13 +75,18 @@ class Gateway:
             tracing = Tracing(cfg.tracing)
         self.tracing = tracing
         self.proxy = Proxy(cfg, self.fleet, self.policy, self.profiles, self.metrics, tracing)
+        self.load = fleet_load(cfg, self.policy, self.metrics)
         self._client: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         self._client = session()
         await self.fleet.start(self._client)
+        if self.load is not None:
+            await self.load.start()
 
     async def stop(self) -> None:
+        if self.load is not None:
+            await self.load.stop()
         await self.fleet.stop()
         self.proxy.close()
         if self._client is not None:
@@ -93,6 +122,8 @@ class Gateway:
                                   "available": len(available), "usable": len(usable)}
         if not ready:
             detail["reason"] = f"no {what} ({len(workers)} registered)"
+        if self.load is not None:
+            detail["fleet_load"] = self.load.status()
         return ready, detail
 
     def model_names(self) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import random
 import tempfile
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -49,6 +50,7 @@ class Served:
     worker: str
     route: str
     order: int  # completion order over the whole run (within a wave, the order the workers served)
+    latency_s: float = 0.0  # as the client saw it: sent to whole answer
 
 
 @dataclass(frozen=True)
@@ -131,13 +133,15 @@ def replay(url: str | list[str], sessions: list[Session], max_tokens: int = 16, 
             turn = wave - sessions[i].start
             messages = _first(sessions[i]) if turn == 0 else [
                 *history[i], {"role": "user", "content": sessions[i].questions[turn]}]
+            sent = time.perf_counter()
             r = client.post(f"{url}/v1/chat/completions",
                             json={"model": "demo", "messages": messages, "max_tokens": max_tokens})
+            latency = time.perf_counter() - sent
             r.raise_for_status()
             body = r.json()
             usage = body["usage"]
             return Served(wave, i, messages, usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"],
-                          r.headers["x-cacheon-worker"], r.headers["x-cacheon-route"], next(order)), \
+                          r.headers["x-cacheon-worker"], r.headers["x-cacheon-route"], next(order), latency), \
                 body["choices"][0]["message"]["content"]
 
         for wave in range(waves):
