@@ -74,9 +74,8 @@ class Proxy:
         # Per-request costs kept off the hot path: parsed upstream URLs, timeouts.
         self._urls: dict[tuple[str, str], URL] = {}
         self._timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
-        # A stream's head has request_timeout_s in all (asyncio.timeout around it), its body a ``Gap``:
-        # aiohttp's own sock_read re-arms a timer on every chunk, ~0.25 ms of CPU per 18-chunk stream.
-        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.request_timeout_s)
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.request_timeout_s,
+                                                     sock_read=cfg.request_timeout_s)
 
     def close(self) -> None:
         self._tokenizer.shutdown(wait=False, cancel_futures=True)
@@ -234,30 +233,27 @@ class Proxy:
                       upstream: dict[str, str], ours: dict[str, str]) -> web.StreamResponse:
         """Chunk-by-chunk passthrough; Retry only before the status line reaches the client."""
         try:  # a stream may run long: its timeout is on the gap between chunks, not on the whole
-            async with asyncio.timeout(self.cfg.request_timeout_s):  # its head, or a 5xx whole
-                resp = await self.fleet.client.post(self._url(w, outcome.endpoint), data=raw, headers=upstream,
-                                                    timeout=self._stream_timeout)
-                if resp.status >= 500:  # read whole: it may become the answer if no worker is left
-                    failed = web.Response(body=await resp.read(), status=resp.status,
-                                          headers=_passed(resp.headers, ours))
-                    resp.release()
-                    self._failed(w)
-                    raise Retry(f"HTTP {resp.status}", failed)
+            resp = await self.fleet.client.post(self._url(w, outcome.endpoint), data=raw, headers=upstream,
+                                                timeout=self._stream_timeout)
+            if resp.status >= 500:  # read whole: it may become the answer if no worker is left
+                failed = web.Response(body=await resp.read(), status=resp.status, headers=_passed(resp.headers, ours))
+                resp.release()
+                self._failed(w)
+                raise Retry(f"HTTP {resp.status}", failed)
         except TRANSPORT_ERRORS as exc:
             self._failed(w)
             raise Retry(_transport(exc, self.cfg.request_timeout_s)) from None
         out = web.StreamResponse(status=resp.status, headers=_passed(resp.headers, ours))
-        gap = Gap(resp.content, self.cfg.request_timeout_s)
         try:  # closing an unfinished upstream response aborts that request on the worker
             await out.prepare(request)
-            read = resp.content.readany
+            chunks = resp.content.iter_any()
             # Only a prediction is scored against the stream's last counting event (Recorder._score).
             tail = outcome.tail = StreamTail() if outcome.attempts[-1].decision.predicted else None
             while True:
                 try:
-                    chunk = await read()
-                    if not chunk:
-                        break
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
                 except TRANSPORT_ERRORS as exc:  # mid-stream: too late to retry; the client must see it failed
                     self._failed(w)
                     outcome.error = f"upstream ended mid-stream: {_transport(exc, self.cfg.request_timeout_s)}"
@@ -267,16 +263,12 @@ class Proxy:
                     outcome.first_chunk = time.perf_counter()
                 if tail is not None:
                     tail.feed(chunk)
-                gap.writing = True  # a slow client is not a silent worker
                 await out.write(chunk)
-                gap.writing = False
-                gap.last = gap.clock()
             await out.write_eof()
             w.breaker.succeeded()
         except ConnectionResetError:  # the client left while we wrote to it
             outcome.status, outcome.error = CLIENT_GONE, "client disconnected"
         finally:
-            gap.cancel()
             resp.close()
         return out
 
@@ -285,35 +277,6 @@ class Proxy:
         if url is None:
             url = self._urls[(w.url, path)] = URL(f"{w.url}{path}")
         return url
-
-
-class Gap:
-    """A stream's read deadline on the gap between chunks, checked by one timer per ``timeout_s``.
-
-    The relay stamps ``last`` after each chunk it passed on; the timer, when it fires, fails the
-    upstream read with a timeout if nothing came for ``timeout_s`` (the time spent writing to the
-    client not counted), else re-arms for the rest. One timer per stream instead of one per chunk.
-    """
-
-    __slots__ = ("_handle", "_loop", "_reader", "clock", "last", "timeout_s", "writing")
-
-    def __init__(self, reader: aiohttp.StreamReader, timeout_s: float) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._reader, self.timeout_s, self.clock = reader, timeout_s, self._loop.time
-        self.last, self.writing = self.clock(), False
-        self._handle = self._loop.call_at(self.last + timeout_s, self._check)
-
-    def _check(self) -> None:
-        now = self.clock()
-        if self.writing:
-            self._handle = self._loop.call_at(now + self.timeout_s, self._check)
-        elif now - self.last < self.timeout_s:
-            self._handle = self._loop.call_at(self.last + self.timeout_s, self._check)
-        else:
-            self._reader.set_exception(TimeoutError())  # the pending read raises it
-
-    def cancel(self) -> None:
-        self._handle.cancel()
 
 
 async def _abort(request: web.Request, out: web.StreamResponse, message: str) -> None:
