@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from contextlib import ExitStack
@@ -13,7 +14,7 @@ import httpx
 from cacheon.sim.launch import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
-PEERS = ROOT / ".peers"
+PEERS = Path(os.environ.get("PEERS_DIR", ROOT / ".peers"))  # as install.sh reads it
 
 
 def peer_python(name: str) -> Path:

@@ -36,7 +36,9 @@ ANSWER = {"choices": [{"text": " ok", "index": 0, "finish_reason": "stop"}],
 
 class StandIn:
     """A worker over real HTTP: discovery, health, and completions answered as ``mode`` says:
-    ``ok``, ``truncated`` (a 200 whose JSON stops half-way) or ``dies`` (a stream cut after one event)."""
+    ``ok``, ``truncated`` (a 200 whose JSON stops half-way), ``dies`` (a stream cut after one event),
+    ``stalls`` (a stream silent for 3 s after one event), ``late`` (no head for 3 s), ``steady`` (a
+    stream of 6 events 0.4 s apart) or ``flood`` (a 24 MiB stream, as fast as it goes)."""
 
     def __init__(self, loop: LoopThread, mode: str = "ok", max_model_len: int = 1 << 20) -> None:
         self.mode, self.max_model_len = mode, max_model_len
@@ -59,11 +61,24 @@ class StandIn:
             self.bodies.append(await request.read())
             if self.mode == "truncated":
                 return web.Response(body=msgspec.json.encode(ANSWER)[:20], content_type="application/json")
-            if self.mode != "dies":
+            if self.mode == "late":
+                await asyncio.sleep(3)
+            if self.mode not in ("dies", "stalls", "steady", "flood"):
                 return web.json_response(ANSWER)
             out = web.StreamResponse(headers={"content-type": "text/event-stream"})
             await out.prepare(request)
+            if self.mode in ("steady", "flood"):
+                event = b'data: {"choices": [{"text": "' + b"a" * (65536 if self.mode == "flood" else 1) + b'"}]}\n\n'
+                for _ in range(6 if self.mode == "steady" else 384):
+                    await out.write(event)
+                    await asyncio.sleep(0.4 if self.mode == "steady" else 0)
+                await out.write(b"data: [DONE]\n\n")
+                await out.write_eof()
+                return out
             await out.write(b'data: {"choices": [{"text": " a", "index": 0}]}\n\n')
+            if self.mode == "stalls":
+                await asyncio.sleep(3)
+                return out
             assert request.transport is not None
             request.transport.abort()  # the engine process died: no more bytes, no chunked end
             return out
@@ -232,6 +247,52 @@ def test_a_worker_dying_mid_stream_leaves_an_error_and_an_unfinished_stream(loop
     error = msgspec.json.decode(events[-1].removeprefix("data: "))["error"]
     assert error["type"] == "upstream_error" and "mid-stream" in error["message"]
     assert gw.gateway.fleet.workers["w0"].breaker.failures == 1
+
+
+def test_a_stream_silent_past_the_timeout_is_cut_with_an_error(loop: LoopThread, gateway: Any,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    gw = gateway({"request_timeout_s": 1}, StandIn(loop, mode="stalls"))
+    events: list[str] = []
+    started = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="cacheon.access"), pytest.raises(httpx.RemoteProtocolError), \
+            httpx.stream("POST", f"{gw.url}/v1/completions", json={"model": "demo", "prompt": "x", "stream": True},
+                         timeout=30) as r:  # the body's chunked framing never ends
+        events.extend(line for line in r.iter_lines() if line)
+    assert time.monotonic() - started < 2.5  # the gateway's 1 s gap, not the worker's 3 s
+    assert "mid-stream" in msgspec.json.decode(events[-1].removeprefix("data: "))["error"]["message"]
+    wait_until(lambda: any(r.name == "cacheon.access" for r in caplog.records), "the access line", 5)
+    line = next(r for r in caplog.records if r.name == "cacheon.access")
+    assert line.fields["error"] == "upstream ended mid-stream: no answer within 1 s"  # type: ignore[attr-defined]
+    assert gw.gateway.fleet.workers["w0"].breaker.failures == 1
+
+
+def test_a_stream_longer_than_the_timeout_with_short_gaps_completes(loop: LoopThread, gateway: Any) -> None:
+    gw = gateway({"request_timeout_s": 1}, StandIn(loop, mode="steady"))
+    started = time.monotonic()
+    with httpx.stream("POST", f"{gw.url}/v1/completions", json={"model": "demo", "prompt": "x", "stream": True},
+                      timeout=30) as r:
+        events = [line for line in r.iter_lines() if line]
+    assert time.monotonic() - started > 2  # longer than the timeout in all: only the gaps count
+    assert len(events) == 7 and events[-1] == "data: [DONE]"
+
+
+def test_a_slow_reader_is_not_a_silent_worker(loop: LoopThread, gateway: Any) -> None:
+    """The relay waits on the client (its socket buffers full) longer than the timeout: the stream still completes."""
+    gw = gateway({"request_timeout_s": 1}, StandIn(loop, mode="flood"))
+    with httpx.stream("POST", f"{gw.url}/v1/completions", json={"model": "demo", "prompt": "x", "stream": True},
+                      timeout=30) as r:
+        time.sleep(2.5)  # reading nothing: 24 MiB overflow the loopback buffers, the gateway's write waits
+        events = [line for line in r.iter_lines() if line]
+    assert len(events) == 385 and events[-1] == "data: [DONE]"
+    assert gw.gateway.fleet.workers["w0"].breaker.failures == 0
+
+
+def test_a_stream_whose_head_does_not_come_is_answered_503(loop: LoopThread, gateway: Any) -> None:
+    gw = gateway({"request_timeout_s": 1}, StandIn(loop, mode="late"))
+    started = time.monotonic()
+    r = post(gw, "/v1/completions", {"model": "demo", "prompt": "x", "stream": True})
+    assert time.monotonic() - started < 2.5
+    assert "no answer within 1 s" in error_of(r, 503)["message"]
 
 
 def test_a_malformed_json_answer_is_retried_elsewhere_and_counted(loop: LoopThread, gateway: Any) -> None:
