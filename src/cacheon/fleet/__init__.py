@@ -1,0 +1,1 @@
+"""The fleet event plane: KV batches, snapshots and heartbeats through NATS JetStream."""
