@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import nats
@@ -29,7 +30,8 @@ class Plane:
     js: JetStreamContext
     down_since: float | None = None
     reconnects: int = 0
-    disconnects: int = field(default=0)
+    disconnects: int = 0
+    on_reconnected: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run after each reconnect
 
     @property
     def connected(self) -> bool:
@@ -59,6 +61,8 @@ async def connect(url: str, name: str) -> Plane:
         if holder:
             holder[0].reconnects += 1
             holder[0].down_since = None
+            for hook in holder[0].on_reconnected:
+                await hook()
         log.info("event plane reconnected", extra={"fields": {"client": name}})
 
     async def error(exc: Exception) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 
 from cacheon.errors import UsageError
+from cacheon.fleet.consumer import PlaneConsumer
 from cacheon.gateway.attest import Echoes, Rung, climb
 from cacheon.gateway.breaker import Breaker
 from cacheon.gateway.config import GatewayConfig, WorkersDns, WorkerSpec
@@ -53,11 +54,15 @@ class Fleet:
         self._tasks: set[asyncio.Task[None]] = set()
         self._attesting: set[str] = set()
         self._digests: dict[str, tuple[tuple[int, ...], str]] = {}  # worker id -> (what it was computed at, digest)
+        self.plane: PlaneConsumer | None = None  # KV feeds from the event plane instead of the workers' ZMQ
 
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self, client: aiohttp.ClientSession) -> None:
         self._client = client
+        ep = self.cfg.event_plane
+        if ep is not None:
+            self.plane = PlaneConsumer(ep.url, ep.stream, ep.snapshot_bucket, ep.staleness_s)
         for i, spec in enumerate(self.cfg.workers):
             try:
                 await self.add(spec)
@@ -73,6 +78,8 @@ class Fleet:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for w in self.workers.values():
             self._unsubscribe(w)
+        if self.plane is not None:
+            await asyncio.to_thread(self.plane.close)
 
     @property
     def client(self) -> aiohttp.ClientSession:
@@ -241,11 +248,16 @@ class Fleet:
             if worker.feeds.serves(contract, found.dp_size):
                 return
             self._unsubscribe(worker)
+        echo = functools.partial(self.echoes.on_delivery, worker.id)
+        if self.plane is not None:
+            worker.feeds = self.plane.follow(worker.plane_name, worker.id, contract, found.dp_size, self.index, echo,
+                                             self.cfg.kv_wire)
+            return
         replay = worker.replay_port
         worker.feeds = WorkerFeeds(
             worker.id, f"tcp://{worker.kv_host}:{found.kv_port}", contract, found.dp_size,
             f"tcp://{worker.kv_host}:{replay}" if replay else None, self.index,
-            functools.partial(self.echoes.on_delivery, worker.id), self.cfg.kv_wire, self.cfg.kv_max_replay,
+            echo, self.cfg.kv_wire, self.cfg.kv_max_replay,
         )
 
     def _unsubscribe(self, worker: Worker) -> None:

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from cacheon.fleet.consumer import PlaneFeed
 from cacheon.gateway.breaker import Breaker
 from cacheon.gateway.config import WorkerSpec
 from cacheon.gateway.feeds import WorkerFeeds
@@ -209,7 +210,7 @@ class Worker:
     draining: bool = False
     in_flight: int = 0
     breaker: Breaker = field(default_factory=Breaker)
-    feeds: WorkerFeeds | None = None
+    feeds: WorkerFeeds | PlaneFeed | None = None
     seen_resets: int = 0
     seen_rejects: int = 0
     endpoints: frozenset[Endpoint] = frozenset()  # what its URL resolved to when it was added
@@ -241,8 +242,14 @@ class Worker:
         return frozenset() if port is None else frozenset((address, port) for address, _ in self.endpoints)
 
     def available(self, now: float) -> bool:
-        """May take a new request: healthy, not draining, breaker closed."""
-        return self.healthy and not self.draining and self.breaker.closed(now)
+        """May take a new request: healthy, not draining, breaker closed, its KV state not stale (event plane)."""
+        return (self.healthy and not self.draining and self.breaker.closed(now)
+                and not (self.feeds is not None and self.feeds.stale(now)))
+
+    @property
+    def plane_name(self) -> str:
+        """Its name on the event plane, as the relays name it: the configured id, else the URL."""
+        return self.spec.id or self.spec.url
 
     def feed_totals(self) -> FeedCounters:
         return self.feeds.totals() if self.feeds else FeedCounters()
