@@ -35,9 +35,11 @@ class RelayThread:
 
     def kill(self) -> None:
         """Die without letting go: no lease released, the loop stopped mid-work (a crashed process)."""
-        for follow in list(self.relay.follows.values()):
-            follow.stop.set()
         self.loop.close()
+        for follow in list(self.relay.follows.values()):  # what the OS does to a dead process's sockets
+            follow.stop.set()
+            follow.thread.join(5)
+            follow.subscriber.close()
 
     def close(self) -> None:
         self.loop.call(_set(self._stop))

@@ -64,6 +64,9 @@ async def serve(cfg: RelayConfig, stop: asyncio.Event, started: asyncio.Future[R
         while relay.plane is None and not task.done():
             await asyncio.sleep(0.05)
         if started is not None and not started.done():
-            started.set_result(relay)
+            if task.done() and task.exception() is not None:
+                started.set_exception(task.exception() or RuntimeError("relay stopped"))
+            else:
+                started.set_result(relay)
         await task
     return relay
