@@ -160,6 +160,7 @@ class Relay:
         self.publish_retries = 0
         self._leases: KeyValue | None = None
         self._snapshots: ObjectStore | None = None
+        self.last_status: dict[str, object] | None = None  # status() as the relay stopped
 
     async def start(self) -> None:
         s = self.settings
@@ -264,7 +265,13 @@ class Relay:
                                 "ingest": f.subscriber.counters()} for w, f in sorted(self.follows.items())}}
 
     async def close(self) -> None:
+        """Let every worker go and delete its lease, so another relay takes it on its next round, not after lease_s."""
+        self.last_status = self.status()
         for worker in list(self.follows):
+            revision = self.revisions.get(worker)
             await self._release(worker, "relay stopping")
+            if self._leases is not None and revision is not None and self.plane is not None and self.plane.connected:
+                with contextlib.suppress(*PUBLISH_ERRORS):
+                    await self._leases.delete(subjects.token(worker), last=revision)
         if self.plane is not None:
             await self.plane.close()
