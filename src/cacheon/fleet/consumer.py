@@ -151,7 +151,8 @@ class PlaneConsumer:
     def follow(self, worker: str, source_id: str, contract: WireContract, dp_size: int, index: PrefixIndex[Source],
                on_delivery: Callable[[Delivery], None], bounds: WireBounds) -> PlaneFeed:
         """Follow ``worker`` (its plane name) into ``index`` under ``source_id`` (the gateway's worker id)."""
-        replica = WorkerReplica(worker, contract, index, bounds=bounds, on_delivery=on_delivery, source_id=source_id)
+        replica = WorkerReplica(worker, contract, index, bounds=bounds, on_delivery=on_delivery, source_id=source_id,
+                                dp_size=dp_size)
         feed = PlaneFeed(self, replica, dp_size)
         self.call(self._add(feed))
         return feed

@@ -17,7 +17,7 @@ from cacheon.fleet.envelope import Envelope, Kind, RankBlocks, RankCursor, Snaps
 from cacheon.kv.contracts import WireContract
 from cacheon.kv.feed import Delivery, FeedCounters, Source
 from cacheon.kv.index import BlockIndex, IndexOp, PrefixIndex
-from cacheon.kv.wire import SCHEMA_MISMATCH, WireBounds, WireDecoder, WireReject, operations
+from cacheon.kv.wire import RANK_MISMATCH, SCHEMA_MISMATCH, WireBounds, WireDecoder, WireReject, operations
 
 
 class WorkerReplica:
@@ -25,10 +25,12 @@ class WorkerReplica:
 
     def __init__(self, worker: str, contract: WireContract, index: PrefixIndex[Source], *,
                  bounds: WireBounds | None = None, on_delivery: Callable[[Delivery], None] | None = None,
-                 source_id: str | None = None) -> None:
-        """``worker``: its name on the plane; ``source_id``: its id in ``index`` (default: the same)."""
+                 source_id: str | None = None, dp_size: int | None = None) -> None:
+        """``worker``: its name on the plane; ``source_id``: its id in ``index`` (default: the same);
+        ``dp_size``: its ranks, an envelope for any other is refused (None: any rank)."""
         self.worker, self.contract, self.index = worker, contract, index
         self.source_id = source_id or worker
+        self.dp_size = dp_size
         self.decoder = WireDecoder(contract, bounds)
         self.on_delivery = on_delivery
         self.cursors: dict[int, RankCursor] = {}
@@ -65,6 +67,9 @@ class WorkerReplica:
             return
         self.stream_seq = stream_seq
         self.heartbeat()
+        if env.rank < 0 or (self.dp_size is not None and env.rank >= self.dp_size):
+            self.counters.rejects[RANK_MISMATCH] += 1  # never an index source the worker's removal would not drop
+            return
         source = (self.source_id, env.rank)
         if env.kind is Kind.RESET:
             self.cursors[env.rank] = RankCursor(stream_seq)
