@@ -20,7 +20,7 @@ def test_the_relay_manifest_runs_a_valid_config_against_the_nats_service() -> No
     container = m["Deployment/cacheon-relay"]["spec"]["template"]["spec"]["containers"][0]
     command = container["command"]
     assert command[0] == "cacheon"
-    args = build_parser(command[1]).parse_args([*command[2:], *container["args"]])
+    args = build_parser(command[1]).parse_args([*command[1:], *container["args"]])
     assert args.config == Path(container["volumeMounts"][0]["mountPath"])
     url = urlsplit(cfg.event_plane.url)
     service = m["Service/nats"]["spec"]
