@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import nats.errors
@@ -46,6 +47,8 @@ from cacheon.kv.subscriber import Subscriber
 from cacheon.kv.wire import WireBounds
 
 log = logging.getLogger("cacheon.fleet")
+WINDOW = 256  # batches published before their acknowledgements are collected
+ACK_TIMEOUT_S = 2.0
 PUBLISH_ERRORS = (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError, OSError)
 
 
@@ -98,6 +101,7 @@ class _Follow:
         self.queue: asyncio.Queue[tuple[Source, str] | Delivery] = asyncio.Queue()
         self.epochs: dict[int, int] = {}
         self.published = 0
+        self.resets = 0
         self.snapshot_at = 0
         for rank in range(found.dp_size):  # a new epoch before the first batch this relay publishes
             self.queue.put_nowait(((found.worker, rank), "relay_start"))
@@ -117,24 +121,67 @@ class _Follow:
         self.task = asyncio.create_task(self._publish_loop())
 
     async def _publish_loop(self) -> None:
-        s, worker, n = self.relay.settings, self.found.worker, 0
+        """What the ZMQ thread queued, in order: batches pipelined up to ``WINDOW`` at a time, each reset alone
+        (the batches after it carry its stream sequence as their epoch)."""
+        run: list[Delivery] = []
         while True:
             item = await self.queue.get()
-            if isinstance(item, Delivery):
-                rank = item.source[1]
-                env = Envelope(Kind.BATCH, worker, rank, s.relay_id, self.found.contract.id,
-                               epoch=self.epochs[rank], seq=item.seq, payload=item.payload)
-                msg_id = subjects.batch_id(worker, rank, env.epoch, item.seq)
-            else:
-                rank, n = item[0][1], n + 1
-                env = Envelope(Kind.RESET, worker, rank, s.relay_id, self.found.contract.id, reason=item[1])
-                msg_id = subjects.reset_id(worker, rank, s.relay_id, n)
-            stream_seq = await self.relay.publish(subjects.batches(s.stream, worker, rank),
-                                                  envelope_encoder.encode(env), msg_id)
-            if env.kind is Kind.RESET:
-                self.epochs[rank] = stream_seq
-            self.replica.apply(env, stream_seq)
-            self.published += 1
+            while True:
+                if isinstance(item, Delivery):
+                    run.append(item)
+                else:
+                    await self._publish_run(run)
+                    run = []
+                    await self._publish_reset(*item)
+                if self.queue.empty() or len(run) >= WINDOW:
+                    break
+                item = self.queue.get_nowait()
+            await self._publish_run(run)
+            run = []
+
+    async def _publish_reset(self, source: Source, why: str) -> None:
+        s, rank = self.relay.settings, source[1]
+        self.resets += 1
+        env = Envelope(Kind.RESET, self.found.worker, rank, s.relay_id, self.found.contract.id, reason=why)
+        seq = await self.relay.publish(subjects.batches(s.stream, self.found.worker, rank),
+                                       envelope_encoder.encode(env), subjects.reset_id(self.found.worker, rank,
+                                                                                       s.relay_id, self.resets))
+        self.epochs[rank] = seq
+        self.replica.apply(env, seq)
+        self.published += 1
+
+    async def _publish_run(self, run: list[Delivery]) -> None:
+        """Publish without waiting for each acknowledgement, then collect them; one that fails or times out is
+        published again alone (its id: the stream keeps one copy). Applied to the replica in stream order, as a
+        gateway will see them (a retried one lands after the others: the gateway and the replica both see the gap)."""
+        if not run:
+            return
+        s, worker = self.relay.settings, self.found.worker
+        sent = []
+        for d in run:
+            rank = d.source[1]
+            env = Envelope(Kind.BATCH, worker, rank, s.relay_id, self.found.contract.id, epoch=self.epochs[rank],
+                           seq=d.seq, payload=d.payload)
+            subject, data = subjects.batches(s.stream, worker, rank), envelope_encoder.encode(env)
+            msg_id = subjects.batch_id(worker, rank, env.epoch, d.seq)
+            ack: asyncio.Future[Any] | None = None
+            assert self.relay.plane is not None
+            with contextlib.suppress(*PUBLISH_ERRORS):
+                ack = await self.relay.plane.js.publish_async(subject, data, stream=s.stream,
+                                                              headers={"Nats-Msg-Id": msg_id})
+            sent.append((env, subject, data, msg_id, ack))
+        applied = []
+        for env, subject, data, msg_id, ack in sent:
+            try:
+                if ack is None:
+                    raise TimeoutError
+                seq = int((await asyncio.wait_for(ack, ACK_TIMEOUT_S)).seq)
+            except PUBLISH_ERRORS:
+                seq = await self.relay.publish(subject, data, msg_id)
+            applied.append((seq, env))
+        for seq, env in sorted(applied, key=lambda pair: pair[0]):
+            self.replica.apply(env, seq)
+        self.published += len(applied)
 
     async def close(self) -> None:
         self.task.cancel()
