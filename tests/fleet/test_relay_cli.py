@@ -29,6 +29,14 @@ def test_a_config_mistake_is_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in err and "nats://HOST:PORT" in err and len(err.strip().splitlines()) == 1
 
 
+def test_an_unreachable_event_plane_is_one_line_not_a_hang(tmp_path: Path) -> None:
+    config = tmp_path / "relay.yaml"
+    config.write_text(yaml.safe_dump({"event_plane": {"url": "nats://127.0.0.1:1"}, "workers": []}))
+    proc = _relay(config)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1 and "no server answered" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_the_relay_follows_its_worker_until_sigterm(tmp_path: Path, profile, nats_shared, plane_names) -> None:
     with ExitStack() as stack:
         sim = SimProcess(stack, tmp_path, profile, "0.5.23")

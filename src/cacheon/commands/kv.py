@@ -131,8 +131,8 @@ def run_relay(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         try:
             relay = await serve(cfg, stop)
-        except OSError as exc:
-            raise UsageError(f"event plane {cfg.event_plane.url}: {exc}") from None
+        except (OSError, TimeoutError) as exc:
+            raise UsageError(f"event plane {cfg.event_plane.url}: {str(exc) or 'no server answered within 5 s'}") from None
         return relay.last_status or relay.status()
 
     status = asyncio.run(run())

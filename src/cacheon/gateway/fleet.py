@@ -17,12 +17,11 @@ import sys
 import time
 from array import array
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from cacheon.errors import UsageError
-from cacheon.fleet.consumer import PlaneConsumer
 from cacheon.gateway.attest import Echoes, Rung, climb
 from cacheon.gateway.breaker import Breaker
 from cacheon.gateway.config import GatewayConfig, WorkersDns, WorkerSpec
@@ -35,6 +34,9 @@ from cacheon.kv.feed import Source
 from cacheon.kv.index import PrefixIndex
 from cacheon.tokens.chains import ChainCache
 from cacheon.tokens.profile import TokenizerProfile
+
+if TYPE_CHECKING:  # the event plane's client (the fleet extra) is imported only when a config names one
+    from cacheon.fleet.consumer import PlaneConsumer
 
 log = logging.getLogger("cacheon.gateway")
 Admitted = tuple[WorkerSpec, frozenset[Endpoint]]  # a worker entry checked for adding, with what its URL reached
@@ -62,6 +64,10 @@ class Fleet:
         self._client = client
         ep = self.cfg.event_plane
         if ep is not None:
+            try:
+                from cacheon.fleet.consumer import PlaneConsumer
+            except ModuleNotFoundError as exc:
+                raise UsageError(f"event_plane needs {exc.name}: pip install 'cacheon[fleet]'") from None
             self.plane = PlaneConsumer(ep.url, ep.stream, ep.snapshot_bucket, ep.staleness_s)
         for i, spec in enumerate(self.cfg.workers):
             try:

@@ -10,18 +10,20 @@ import socket
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from cacheon.fleet.consumer import PlaneFeed
 from cacheon.gateway.breaker import Breaker
 from cacheon.gateway.config import WorkerSpec
 from cacheon.gateway.feeds import WorkerFeeds
 from cacheon.gateway.http import CallError, call_json, get_json
 from cacheon.gateway.precision import Precision
 from cacheon.kv.feed import FeedCounters
+
+if TYPE_CHECKING:  # the event plane's client (the fleet extra) is imported only when a config names one
+    from cacheon.fleet.consumer import PlaneFeed
 
 log = logging.getLogger("cacheon.gateway")
 
