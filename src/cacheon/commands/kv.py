@@ -132,7 +132,8 @@ def run_relay(args: argparse.Namespace) -> int:
         try:
             relay = await serve(cfg, stop)
         except (OSError, TimeoutError) as exc:
-            raise UsageError(f"event plane {cfg.event_plane.url}: {str(exc) or 'no server answered within 5 s'}") from None
+            why = str(exc) or "no server answered within 5 s"
+            raise UsageError(f"event plane {cfg.event_plane.url}: {why}") from None
         return relay.last_status or relay.status()
 
     status = asyncio.run(run())
