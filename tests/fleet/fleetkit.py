@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 
 from cacheon.fleet.relay import Relay
 from cacheon.gateway import relaying
@@ -21,8 +22,6 @@ class RelayThread:
     def __init__(self, plane: dict[str, Any], urls: list[str], relay_id: str, **extra: Any) -> None:
         raw = {"event_plane": plane, "workers": [{"url": u} for u in urls], "relay_id": relay_id,
                "lease_s": 2.0, "heartbeat_s": 0.2, "snapshot_interval_s": 0.3, **extra}
-        import msgspec
-
         self.loop = LoopThread()
         self._stop = asyncio.Event()
         started: asyncio.Future[Relay] = self.loop.loop.create_future()
