@@ -90,7 +90,8 @@ def measure(config: Config, args: argparse.Namespace, sessions: list[Session], t
         urls = [s.url for s in sims]
         extra: dict[str, Any] = {}
         if config.share:
-            extra["event_plane"] = {"url": nats_url, "stream": f"BENCH{run}", "share_load": True}
+            extra["event_plane"] = {"url": nats_url, "stream": f"BENCH{run}", "kv_events": "workers",
+                                    "share_load": True}
         gateways = [GatewayProcess(stack, tmp, profile, "exact", [{"url": u} for u in urls], **extra)
                     for _ in range(config.replicas)]
         for gw in gateways:

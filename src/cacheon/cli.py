@@ -51,6 +51,7 @@ OPTIONAL = {
     "torch": "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu (the CPU build; "
              "or the CUDA build for your GPU)",
     "triton": "pip install triton==3.9.0",
+    "nats": "pip install 'cacheon[fleet]' (nats-py, for the event plane)",
 }
 
 

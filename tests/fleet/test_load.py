@@ -42,7 +42,8 @@ def loop() -> Iterator[LoopThread]:
 
 
 def plane(url: str, stream: str, share: bool = True) -> dict[str, Any]:
-    return {"url": url, "stream": stream, "share_load": share, "load_heartbeat_s": 0.2, "load_expiry_s": 0.6}
+    """Load shared on the plane, KV events still from each worker's publisher (what these tests vary is load)."""
+    return {"url": url, "stream": stream, "kv_events": "workers", "share_load": share, "load_heartbeat_s": 0.2, "load_expiry_s": 0.6}
 
 
 def replicas(stack: ExitStack, loop: LoopThread, tmp: Path, profile: tuple[Path, Path], urls: list[str],

@@ -77,6 +77,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     listing.set_defaults(handler=run_contracts)
 
+    relay = kv.add_parser(
+        "relay",
+        help="follow workers' KV publishers and publish their batches to NATS JetStream (the fleet event plane)",
+        description="Subscribe to each worker's ZMQ KV publisher as a gateway does (same contracts, strict decode, "
+        "replay on gap) and publish every accepted batch to the JetStream stream under a subject per worker and "
+        "rank, with periodic index snapshots and a heartbeat per worker. Gateways whose config sets event_plane "
+        "read their workers' KV state from there. Run two or more relays on the same config: a lease per "
+        "worker (a JetStream KV bucket) shares the workers out, and a dead relay's workers go to another once "
+        "its leases expire (lease_s). Runs until SIGTERM or Ctrl-C. Needs the fleet extra (nats-py).",
+    )
+    relay.add_argument("--config", type=Path, required=True, metavar="FILE",
+                       help="relay config (YAML or .toml): event_plane, workers, lease/heartbeat/snapshot timing")
+    relay.add_argument("--json", action="store_true", help="on exit, print the relay's status as JSON")
+    relay.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="log level (default: info)")
+    relay.add_argument("--log-format", choices=("text", "json"), default="text", help="log lines (default: text)")
+    relay.set_defaults(handler=run_relay)
+
 
 def _registry(ledger_path: str | None) -> tuple[tuple[contracts.WireContract, ...], dict[str, Any] | None]:
     """Promotion comes from the ledger: only a real engine's pass makes a contract ``validated``.
@@ -93,6 +111,35 @@ def _registry(ledger_path: str | None) -> tuple[tuple[contracts.WireContract, ..
     ledger = open_verified_ledger(path)
     validated = validated_contracts(ledger, {c.id: c.versions for c in contracts.CONTRACTS})
     return contracts.promoted(validated), ledger.guarantee()
+
+
+def run_relay(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from cacheon.gateway.config import load_relay
+    from cacheon.gateway.logs import configure
+    from cacheon.gateway.relaying import serve
+
+    cfg = load_relay(args.config)
+    configure(args.log_level, args.log_format)
+
+    async def run() -> dict[str, object]:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            relay = await serve(cfg, stop)
+        except (OSError, TimeoutError) as exc:
+            why = str(exc) or "no server answered within 5 s"
+            raise UsageError(f"event plane {cfg.event_plane.url}: {why}") from None
+        return relay.last_status or relay.status()
+
+    status = asyncio.run(run())
+    if args.json:
+        print_json(status)
+    return 0
 
 
 def run_contracts(args: argparse.Namespace) -> int:

@@ -7,8 +7,10 @@ is whether the plane is reachable now (``connected``) and since when it has not 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import nats
@@ -29,7 +31,8 @@ class Plane:
     js: JetStreamContext
     down_since: float | None = None
     reconnects: int = 0
-    disconnects: int = field(default=0)
+    disconnects: int = 0
+    on_reconnected: list[Callable[[], Awaitable[None]]] = field(default_factory=list)  # run after each reconnect
 
     @property
     def connected(self) -> bool:
@@ -45,8 +48,9 @@ def servers(url: str) -> list[str]:
     return [part.strip() for part in url.split(",") if part.strip()]
 
 
-async def connect(url: str, name: str) -> Plane:
-    """Connect (raising if no server answers now) with reconnects forever after that."""
+async def connect(url: str, name: str, timeout_s: float = 5.0) -> Plane:
+    """Connect, with reconnects forever after that; TimeoutError when no server answers within ``timeout_s``
+    (the client would otherwise retry its first connect forever too, and a caller could not stop it)."""
     holder: list[Plane] = []
 
     async def disconnected() -> None:
@@ -59,16 +63,18 @@ async def connect(url: str, name: str) -> Plane:
         if holder:
             holder[0].reconnects += 1
             holder[0].down_since = None
+            for hook in holder[0].on_reconnected:
+                await hook()
         log.info("event plane reconnected", extra={"fields": {"client": name}})
 
     async def error(exc: Exception) -> None:
         log.debug("event plane error", extra={"fields": {"client": name, "error": str(exc)[:200]}})
 
-    nc = await nats.connect(
+    nc = await asyncio.wait_for(nats.connect(
         servers(url), name=name, allow_reconnect=True, max_reconnect_attempts=-1,
         reconnect_time_wait=RECONNECT_WAIT_S, connect_timeout=CONNECT_TIMEOUT_S,
         disconnected_cb=disconnected, reconnected_cb=reconnected, error_cb=error,
-    )
+    ), timeout_s)
     plane = Plane(nc, nc.jetstream())
     holder.append(plane)
     return plane

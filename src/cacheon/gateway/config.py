@@ -180,6 +180,10 @@ class EventPlaneConfig(msgspec.Struct, **_CONFIG):
     snapshot_bucket: Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$",
                                          description="the object store holding each worker's index snapshot")] = (
         "cacheon-snapshots")
+    kv_events: Annotated[Literal["relay", "workers"], Meta(
+        description="`relay`: KV events from the plane (`cacheon kv relay` publishes them; snapshots, no worker "
+        "replay endpoint needed); `workers`: from each worker's ZMQ publisher, the plane carrying shared load "
+        "only")] = "relay"
     staleness_s: Annotated[Seconds, Meta(
         description="a worker not heard from (events or heartbeat) for this long is not routed to")] = 10.0
     share_load: Annotated[bool, Meta(
@@ -198,6 +202,29 @@ class EventPlaneConfig(msgspec.Struct, **_CONFIG):
         for part in self.url.split(","):
             if urlsplit(part.strip()).scheme not in ("nats", "tls"):
                 raise ValueError(f"url: {part.strip()!r} is not nats://HOST:PORT")
+
+
+class RelayConfig(msgspec.Struct, **_CONFIG):
+    """``cacheon kv relay --config``: the event plane and the workers to follow. Every relay may list every
+    worker: the leases share them out, and a dead relay's workers go to the others."""
+
+    event_plane: Annotated[EventPlaneConfig, Meta(description="the NATS server, stream and snapshot bucket")]
+    workers: Annotated[list[WorkerSpec], Meta(
+        description="workers to follow; each is named on the plane by its `id`, else its URL (as gateways name it)")]
+    relay_id: Annotated[str | None, Meta(description="this relay's name in leases and logs (default HOST-PID)")] = None
+    lease_s: Annotated[Seconds, Meta(description="a worker's lease expires this long after its relay last renewed "
+                                     "it: how long a dead relay's workers wait for another")] = 6.0
+    heartbeat_s: Annotated[Seconds, Meta(description="a heartbeat per followed worker this often")] = 1.0
+    snapshot_interval_s: Annotated[Seconds, Meta(
+        description="write each worker's index snapshot this often (well below retention_s)")] = 10.0
+    retention_s: Annotated[Seconds, Meta(description="the stream's max_age when the relay creates it")] = 3600.0
+    request_timeout_s: Annotated[Seconds, Meta(description="timeout of worker discovery calls")] = 10.0
+    kv_wire: Annotated[WireBounds, Meta(description="bounds on KV event batches")] = WireBounds()
+    kv_max_replay: Annotated[Positive, Meta(description="the most batches one gap may replay")] = 10_000
+
+    def __post_init__(self) -> None:
+        if self.event_plane.kv_events != "relay":
+            raise ValueError("event_plane.kv_events: a relay publishes KV events; `workers` is a gateway's setting")
 
 
 class GatewayConfig(msgspec.Struct, **_CONFIG):
@@ -393,6 +420,18 @@ def parse(raw: Any, base: Path, environ: Mapping[str, str] | None = None) -> Gat
 
 def load(path: Path, environ: Mapping[str, str] | None = None) -> GatewayConfig:
     """Read ``path`` (``.toml``, or YAML otherwise), apply ``environ``'s overrides (default: this process's)."""
+    return parse(_read(path), path.parent, os.environ if environ is None else environ)
+
+
+def load_relay(path: Path) -> RelayConfig:
+    """Read a relay's config file (``.toml``, or YAML otherwise)."""
+    try:
+        return msgspec.convert(_read(path) or {}, RelayConfig)
+    except msgspec.ValidationError as exc:
+        raise UsageError(f"{path}: {exc}".replace("`", "")) from None
+
+
+def _read(path: Path) -> Any:
     try:
         text = path.read_text()
     except OSError as exc:
@@ -404,4 +443,4 @@ def load(path: Path, environ: Mapping[str, str] | None = None) -> GatewayConfig:
         where = (f"{getattr(exc, 'problem', None) or exc} (line {mark.line + 1}, column {mark.column + 1})"
                  if mark is not None else " ".join(str(exc).split()))
         raise UsageError(f"{path}: not valid {'TOML' if path.suffix == '.toml' else 'YAML'}: {where}") from None
-    return parse(raw, path.parent, os.environ if environ is None else environ)
+    return raw

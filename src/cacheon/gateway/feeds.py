@@ -44,6 +44,10 @@ class WorkerFeeds:
         lags = [f.lag_s for f in self.subscriber.feeds if f.lag_s is not None]
         return max(lags) if lags else None
 
+    def stale(self, now: float) -> bool:
+        """Direct feeds are never stale: the gateway hears the worker itself."""
+        return False
+
     def last_seq(self) -> dict[int, int | None]:
         return {f.rank: None if f.expected is None else f.expected - 1 for f in self.subscriber.feeds}
 

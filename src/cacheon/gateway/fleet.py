@@ -17,7 +17,7 @@ import sys
 import time
 from array import array
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -34,6 +34,9 @@ from cacheon.kv.feed import Source
 from cacheon.kv.index import PrefixIndex
 from cacheon.tokens.chains import ChainCache
 from cacheon.tokens.profile import TokenizerProfile
+
+if TYPE_CHECKING:  # the event plane's client (the fleet extra) is imported only when a config names one
+    from cacheon.fleet.consumer import PlaneConsumer
 
 log = logging.getLogger("cacheon.gateway")
 Admitted = tuple[WorkerSpec, frozenset[Endpoint]]  # a worker entry checked for adding, with what its URL reached
@@ -53,11 +56,19 @@ class Fleet:
         self._tasks: set[asyncio.Task[None]] = set()
         self._attesting: set[str] = set()
         self._digests: dict[str, tuple[tuple[int, ...], str]] = {}  # worker id -> (what it was computed at, digest)
+        self.plane: PlaneConsumer | None = None  # KV feeds from the event plane instead of the workers' ZMQ
 
     # -- lifecycle -----------------------------------------------------------------------
 
     async def start(self, client: aiohttp.ClientSession) -> None:
         self._client = client
+        ep = self.cfg.event_plane
+        if ep is not None and ep.kv_events == "relay":
+            try:
+                from cacheon.fleet.consumer import PlaneConsumer
+            except ModuleNotFoundError as exc:
+                raise UsageError(f"event_plane needs {exc.name}: pip install 'cacheon[fleet]'") from None
+            self.plane = PlaneConsumer(ep.url, ep.stream, ep.snapshot_bucket, ep.staleness_s)
         for i, spec in enumerate(self.cfg.workers):
             try:
                 await self.add(spec)
@@ -73,6 +84,8 @@ class Fleet:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for w in self.workers.values():
             self._unsubscribe(w)
+        if self.plane is not None:
+            await asyncio.to_thread(self.plane.close)
 
     @property
     def client(self) -> aiohttp.ClientSession:
@@ -241,11 +254,16 @@ class Fleet:
             if worker.feeds.serves(contract, found.dp_size):
                 return
             self._unsubscribe(worker)
+        echo = functools.partial(self.echoes.on_delivery, worker.id)
+        if self.plane is not None:
+            worker.feeds = self.plane.follow(worker.plane_name, worker.id, contract, found.dp_size, self.index, echo,
+                                             self.cfg.kv_wire)
+            return
         replay = worker.replay_port
         worker.feeds = WorkerFeeds(
             worker.id, f"tcp://{worker.kv_host}:{found.kv_port}", contract, found.dp_size,
             f"tcp://{worker.kv_host}:{replay}" if replay else None, self.index,
-            functools.partial(self.echoes.on_delivery, worker.id), self.cfg.kv_wire, self.cfg.kv_max_replay,
+            echo, self.cfg.kv_wire, self.cfg.kv_max_replay,
         )
 
     def _unsubscribe(self, worker: Worker) -> None:

@@ -40,6 +40,7 @@ class WorkerView:
     feeds: FeedCounters
     event_lag_s: float | None  # now - the newest accepted batch's timestamp; None before one
     precision: Precision
+    kv_stale: bool = False  # event plane: not heard from (events or heartbeat) within staleness_s
 
 
 Workers = Callable[[], Iterable[WorkerView]]
@@ -69,6 +70,8 @@ class _WorkerCollector:
                                    "(equal across replicas with the same view)", labels=["worker"])
         lag = GaugeMetricFamily("cacheon_kv_event_lag_seconds", "now - timestamp of the newest accepted batch "
                                 "(publisher clock)", labels=["worker"])
+        stale = GaugeMetricFamily("cacheon_worker_kv_stale", "1 while the event plane has not been heard from for "
+                                  "the worker within staleness_s (not routed to)", labels=["worker"])
         scored = CounterMetricFamily("cacheon_prediction_scored", "answered requests whose predicted cached tokens "
                                      "were compared with the engine's report, by match", labels=["worker", "match"])
         predicted = CounterMetricFamily("cacheon_predicted_cached_tokens", "cached prompt tokens predicted, "
@@ -101,8 +104,9 @@ class _WorkerCollector:
                 digest.add_metric([w.id], digest_value(w.digest))
             if w.event_lag_s is not None:
                 lag.add_metric([w.id], w.event_lag_s)
+            stale.add_metric([w.id], 1.0 if w.kv_stale else 0.0)
         yield from kv.values()
-        yield from (rejects, state, in_flight, up, blocks, digest, lag, scored, predicted, reported, unreported,
+        yield from (rejects, state, in_flight, up, blocks, digest, lag, stale, scored, predicted, reported, unreported,
                     refusals)
 
 

@@ -103,7 +103,7 @@ class Gateway:
             views.append(WorkerView(w.id, w.state, w.in_flight, w.healthy and w.breaker.closed(now), w.draining,
                                     self.fleet.indexed_blocks(w), self.fleet.digest(w),
                                     w.feeds.totals() if w.feeds is not None else FeedCounters(), lag,
-                                    w.precision))
+                                    w.precision, w.feeds is not None and w.feeds.stale(now)))
         return views
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
@@ -124,6 +124,8 @@ class Gateway:
             detail["reason"] = f"no {what} ({len(workers)} registered)"
         if self.load is not None:
             detail["fleet_load"] = self.load.status()
+        if self.fleet.plane is not None:
+            detail["event_plane"] = self.fleet.plane.status(now)
         return ready, detail
 
     def model_names(self) -> list[str]:

@@ -10,7 +10,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -21,6 +21,9 @@ from cacheon.gateway.feeds import WorkerFeeds
 from cacheon.gateway.http import CallError, call_json, get_json
 from cacheon.gateway.precision import Precision
 from cacheon.kv.feed import FeedCounters
+
+if TYPE_CHECKING:  # the event plane's client (the fleet extra) is imported only when a config names one
+    from cacheon.fleet.consumer import PlaneFeed
 
 log = logging.getLogger("cacheon.gateway")
 
@@ -209,7 +212,7 @@ class Worker:
     draining: bool = False
     in_flight: int = 0
     breaker: Breaker = field(default_factory=Breaker)
-    feeds: WorkerFeeds | None = None
+    feeds: WorkerFeeds | PlaneFeed | None = None
     seen_resets: int = 0
     seen_rejects: int = 0
     endpoints: frozenset[Endpoint] = frozenset()  # what its URL resolved to when it was added
@@ -241,8 +244,14 @@ class Worker:
         return frozenset() if port is None else frozenset((address, port) for address, _ in self.endpoints)
 
     def available(self, now: float) -> bool:
-        """May take a new request: healthy, not draining, breaker closed."""
-        return self.healthy and not self.draining and self.breaker.closed(now)
+        """May take a new request: healthy, not draining, breaker closed, its KV state not stale (event plane)."""
+        return (self.healthy and not self.draining and self.breaker.closed(now)
+                and not (self.feeds is not None and self.feeds.stale(now)))
+
+    @property
+    def plane_name(self) -> str:
+        """Its name on the event plane, as the relays name it: the configured id, else the URL."""
+        return self.spec.id or self.spec.url
 
     def feed_totals(self) -> FeedCounters:
         return self.feeds.totals() if self.feeds else FeedCounters()

@@ -65,6 +65,7 @@ class Delivery:
     batch: DecodedBatch | None
     reject: WireReject | None
     replayed: bool
+    payload: bytes = b""  # the publisher's bytes, for a relay that forwards accepted batches as received
 
 
 class Feed:
@@ -73,13 +74,14 @@ class Feed:
     def __init__(self, source: Source, contract: WireContract, *, replayer: Replayer | None = None,
                  index: PrefixIndex[Source] | None = None,
                  on_delivery: Callable[[Delivery], None] | None = None,
+                 on_clear: Callable[[Source, str], None] | None = None,
                  bounds: WireBounds | None = None, max_replay: int = 10_000) -> None:
         self.source, self.rank, self.contract = source, source[1], contract
         self.decoder = WireDecoder(contract, bounds)
         self.counters = FeedCounters()
         self.sequencer = Sequencer(max_replay)
         self.lag_s: float | None = None  # receive time - timestamp of the newest live batch accepted
-        self._replayer, self._index, self._on_delivery = replayer, index, on_delivery
+        self._replayer, self._index, self._on_delivery, self._on_clear = replayer, index, on_delivery, on_clear
 
     @property
     def expected(self) -> int | None:
@@ -100,7 +102,7 @@ class Feed:
         self.counters.restarts += step.continuity is Continuity.RESTART
         self.counters.resyncs += step.resync
         if step.clear:
-            self._clear()
+            self._clear("resync" if step.resync else str(step.continuity))
         if step.hole:
             replayed = self._replayer.fetch(step.hole) if self._replayer is not None else SKIPPED
             self.counters.replays += replayed.status is not ReplayStatus.SKIPPED
@@ -109,7 +111,7 @@ class Feed:
             if cleared:
                 self.counters.replay_failures += replayed.status is ReplayStatus.DONE  # came back incomplete
                 if not step.clear:
-                    self._clear()
+                    self._clear("hole")
             self._log_hole(step, replayed.status, len(replayed.batches), cleared)
             for s, p in replayed.batches:
                 self._deliver(s, p, replayed=True)
@@ -131,10 +133,14 @@ class Feed:
                   "replay": status, "replayed": got, "cleared": cleared or step.clear}
         log.log(level, f"KV feed {what}", extra={"fields": fields})
 
-    def _clear(self) -> None:
+    def _clear(self, why: str) -> None:
+        """Forget the rank's blocks; ``on_clear`` hears why (restart, gap, first, resync, hole), in order
+        with the deliveries."""
         self.counters.clears += 1
         if self._index is not None:
             self._index.clear(self.source)
+        if self._on_clear is not None:
+            self._on_clear(self.source, why)
 
     def _deliver(self, seq: int, payload: bytes, replayed: bool) -> None:
         try:
@@ -151,7 +157,7 @@ class Feed:
         self.counters.events += len(batch.events)
         self.counters.skipped_events += skipped
         if self._on_delivery is not None:
-            self._on_delivery(Delivery(self.source, seq, batch, None, replayed))
+            self._on_delivery(Delivery(self.source, seq, batch, None, replayed, payload))
 
     def _reject(self, seq: int, reject: WireReject, replayed: bool) -> None:
         self.counters.rejects[reject.reason] += 1

@@ -188,6 +188,16 @@ class BlockIndex(Generic[S]):
             bit, get = self._bits[col], self._holders.get
             return {h for h in self._stored[col] if get(h, 0) & bit}
 
+    def inventory(self, source: S) -> list[int]:
+        """The ids ``source`` holds, each once, in store order: stored again as one root run (a snapshot's
+        load), they rebuild the same holdings, parents before children."""
+        with self._lock:
+            col = self._columns.get(source)
+            if col is None:
+                return []
+            self._compact(col)
+            return list(self._stored[col])
+
     def __len__(self) -> int:
         """Distinct block ids held by any source."""
         return len(self._holders)

@@ -34,6 +34,7 @@ class RankFeed(Feed):
         topic: str = "",
         index: PrefixIndex[Source] | None = None,
         on_delivery: Callable[[Delivery], None] | None = None,
+        on_clear: Callable[[Source, str], None] | None = None,
         replay_timeout_s: float = 2.0,
         bounds: WireBounds | None = None,
         max_replay: int = 10_000,
@@ -43,7 +44,7 @@ class RankFeed(Feed):
         self.replay = None if replay_endpoint is None else ReplayClient(
             ctx, replay_endpoint, contract.replay_framing, encoded, max_frame_bytes=frame, timeout_s=replay_timeout_s)
         super().__init__(source, contract, replayer=self.replay, index=index, on_delivery=on_delivery,
-                         bounds=bounds, max_replay=max_replay)
+                         on_clear=on_clear, bounds=bounds, max_replay=max_replay)
         self.socket = LiveSocket(ctx, endpoint, encoded, max_frame_bytes=frame)
 
     def watch(self) -> None:
@@ -76,6 +77,7 @@ class Subscriber:
         index: PrefixIndex[Source] | None = None,
         on_delivery: Callable[[Delivery], None] | None = None,
         *,
+        on_clear: Callable[[Source, str], None] | None = None,
         replay_timeout_s: float = 2.0,
         bounds: WireBounds | None = None,
         max_replay: int = 10_000,
@@ -85,7 +87,7 @@ class Subscriber:
         self.feeds: list[RankFeed] = []
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._poller = zmq.Poller()
-        self._on_delivery = on_delivery
+        self._on_delivery, self._on_clear = on_delivery, on_clear
         self._replay_timeout_s = replay_timeout_s
 
     def add_worker(
@@ -110,6 +112,7 @@ class Subscriber:
                 topic=topic,
                 index=self.index,
                 on_delivery=self._on_delivery,
+                on_clear=self._on_clear,
                 replay_timeout_s=self._replay_timeout_s,
                 bounds=self._bounds,
                 max_replay=self._max_replay,

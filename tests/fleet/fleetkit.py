@@ -1,0 +1,98 @@
+"""The fleet tier's parts in the test process: relays on a loop thread, gateways on the event plane."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+
+from cacheon.fleet.relay import Relay
+from cacheon.gateway import relaying
+from cacheon.gateway.config import RelayConfig
+from cacheon.sim.tokenizer import gateway_model
+from tests.gateway.inproc import InProcessGateway, LoopThread
+
+
+class RelayThread:
+    """One relay (``relaying.serve``, what ``cacheon kv relay`` runs) on a loop thread of its own."""
+
+    def __init__(self, plane: dict[str, Any], urls: list[str], relay_id: str, **extra: Any) -> None:
+        raw = {"event_plane": plane, "workers": [{"url": u} for u in urls], "relay_id": relay_id,
+               "lease_s": 2.0, "heartbeat_s": 0.2, "snapshot_interval_s": 0.3, **extra}
+        self.loop = LoopThread()
+        self._stop = asyncio.Event()
+        started: asyncio.Future[Relay] = self.loop.loop.create_future()
+        self.loop.loop.call_soon_threadsafe(lambda: self.loop.loop.create_task(
+            relaying.serve(msgspec.convert(raw, RelayConfig), self._stop, started)))
+        self.relay: Relay = asyncio.run_coroutine_threadsafe(_wait(started), self.loop.loop).result(30)
+
+    def status(self) -> dict[str, Any]:
+        return self.loop.call(_status(self.relay))
+
+    def kill(self) -> None:
+        """Die without letting go: no lease released, the loop stopped mid-work (a crashed process)."""
+        self.loop.close()
+        for follow in list(self.relay.follows.values()):  # what the OS does to a dead process's sockets
+            follow.stop.set()
+            follow.thread.join(5)
+            follow.subscriber.close()
+
+    def close(self) -> None:
+        self.loop.call(_set(self._stop))
+        self.loop.call(asyncio.sleep(0.5))
+        self.loop.close()
+
+
+async def _wait(started: asyncio.Future[Relay]) -> Relay:
+    return await started
+
+
+async def _status(relay: Relay) -> dict[str, Any]:
+    return relay.status()
+
+
+async def _set(event: asyncio.Event) -> None:
+    event.set()
+
+
+def plane_gateway(loop: LoopThread, base: Path, profile: tuple[Path, Path], urls: list[str],
+                  plane: dict[str, Any], **extra: Any) -> InProcessGateway:
+    return InProcessGateway(loop, {"policy": "exact", "workers": [{"url": u} for u in urls],
+                                   "models": {"demo": gateway_model(*profile)}, "challenge_timeout_s": 5,
+                                   "event_plane": plane, **extra}, base)
+
+
+def status(gw: InProcessGateway) -> dict[str, dict[str, Any]]:
+    return {w["url"]: w for w in httpx.get(f"{gw.admin_url}/status", timeout=5).json()["workers"]}
+
+
+def digests(gws: list[InProcessGateway], urls: list[str]) -> list[dict[str, tuple[str, int]]]:
+    out = []
+    for gw in gws:
+        s = status(gw)
+        out.append({u: (s[u]["index_digest"], s[u]["indexed_blocks"]) for u in urls})
+    return out
+
+
+def agreed(gws: list[InProcessGateway], urls: list[str]) -> dict[str, tuple[str, int]] | None:
+    seen = digests(gws, urls)
+    first = seen[0]
+    ok = all(d == first for d in seen) and all(digest and blocks > 0 for digest, blocks in first.values())
+    return first if ok else None
+
+
+def ready(gw: InProcessGateway, urls: list[str]) -> bool:
+    s = status(gw)
+    return all(u in s and s[u]["ladder"]["state"] == "READY" for u in urls)
+
+
+def drive(gw: InProcessGateway, n: int, start: int) -> None:
+    for i in range(start, start + n):
+        messages = [{"role": "system", "content": f"shared system prompt {i % 3} " * 8},
+                    {"role": "user", "content": f"question {i}"}]
+        r = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "demo", "messages": messages,
+                                                              "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200, r.text

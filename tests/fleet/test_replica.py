@@ -1,0 +1,111 @@
+"""The replica applier shared by relays and gateways: epochs, gaps, duplicates, a zombie relay, snapshots.
+
+No server here: envelopes are built as a relay builds them and applied in the order a stream holds them.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from cacheon.fleet import subjects
+from cacheon.fleet.envelope import Envelope, Kind, snapshot_decoder
+from cacheon.fleet.replica import WorkerReplica
+from cacheon.kv.contracts import for_version
+from cacheon.kv.index import BlockIndex
+
+PIN = for_version("0.5.13.post1")
+W = "http://10.0.0.7:30000"
+
+
+def _payload(*hashes: int, parent: int | None = None, rank: int = 0) -> bytes:
+    """The pin's wire: one BlockStored per page (page size 1), chained."""
+    events, prev = [], parent
+    for h in hashes:
+        events.append(["BlockStored", [h], prev, [h % 1000], 1, None, None])
+        prev = h
+    return msgspec.msgpack.encode([1.0, events, rank])
+
+
+def _reset(rank: int = 0) -> Envelope:
+    return Envelope(Kind.RESET, W, rank, "r1", PIN.id, reason="relay_start")
+
+
+def _batch(epoch: int, seq: int, *hashes: int, parent: int | None = None, relay: str = "r1") -> Envelope:
+    return Envelope(Kind.BATCH, W, 0, relay, PIN.id, epoch=epoch, seq=seq, payload=_payload(*hashes, parent=parent))
+
+
+def _replica() -> tuple[WorkerReplica, BlockIndex[tuple[str, int]]]:
+    index: BlockIndex[tuple[str, int]] = BlockIndex()
+    return WorkerReplica(W, PIN, index, source_id="w0"), index
+
+
+def test_batches_of_an_epoch_apply_in_order_and_redeliveries_are_skipped() -> None:
+    rep, index = _replica()
+    rep.apply(_reset(), 1)
+    rep.apply(_batch(1, 0, 11, 12), 2)
+    rep.apply(_batch(1, 1, 13, parent=12), 3)
+    rep.apply(_batch(1, 1, 13, parent=12), 3)  # the same stream message again
+    rep.apply(_batch(1, 1, 13, parent=12), 4)  # the same batch republished past the duplicate window
+    assert index.held(("w0", 0)) == {11, 12, 13}
+    assert rep.duplicates == 2 and rep.counters.gaps == 0 and rep.counters.batches == 2
+
+
+def test_a_lost_envelope_clears_the_rank_instead_of_trusting_it() -> None:
+    rep, index = _replica()
+    rep.apply(_reset(), 1)
+    rep.apply(_batch(1, 0, 11), 2)
+    rep.apply(_batch(1, 2, 31), 4)  # seq 1 (a removal, say) is not in the stream any more
+    assert index.held(("w0", 0)) == {31} and rep.counters.gaps == 1
+
+
+def test_joining_mid_epoch_without_its_reset_starts_from_nothing() -> None:
+    rep, index = _replica()
+    rep.apply(_batch(5, 7, 71), 9)  # the reset at 5 aged out and there is no snapshot
+    assert index.held(("w0", 0)) == {71} and rep.counters.gaps == 1
+
+
+def test_a_new_epoch_clears_and_an_older_epochs_batch_is_ignored() -> None:
+    rep, index = _replica()
+    rep.apply(_reset(), 1)
+    rep.apply(_batch(1, 0, 11), 2)
+    rep.apply(_reset(), 3)  # another relay took the worker over: epoch 3
+    rep.apply(_batch(3, 0, 21), 4)
+    rep.apply(_batch(1, 1, 12, parent=11, relay="zombie"), 5)  # the old relay, still publishing
+    assert index.held(("w0", 0)) == {21} and rep.stale_epochs == 1
+
+
+def test_a_batch_under_another_contract_is_refused_whole() -> None:
+    rep, index = _replica()
+    rep.apply(_reset(), 1)
+    rep.apply(msgspec.structs.replace(_batch(1, 0, 11), contract=for_version("0.5.23").id), 2)
+    assert index.held(("w0", 0)) == set() and rep.counters.rejects["schema_mismatch"] == 1
+
+
+def test_an_envelope_for_a_rank_the_worker_does_not_have_is_refused() -> None:
+    index: BlockIndex[tuple[str, int]] = BlockIndex()
+    rep = WorkerReplica(W, PIN, index, source_id="w0", dp_size=1)
+    for n, rank in enumerate((3, -1)):
+        rep.apply(msgspec.structs.replace(_reset(), rank=rank), 2 * n + 1)
+        rep.apply(Envelope(Kind.BATCH, W, rank, "r1", PIN.id, epoch=2 * n + 1, seq=0,
+                           payload=_payload(41, rank=rank)), 2 * n + 2)
+    assert index.sources() == 0 and rep.counters.rejects["rank_mismatch"] == 4
+
+
+def test_a_snapshot_rebuilds_the_same_index_and_cursor() -> None:
+    rep, index = _replica()
+    rep.apply(_reset(), 1)
+    rep.apply(_batch(1, 0, 11, 12, 13), 2)
+    snap = snapshot_decoder.decode(msgspec.msgpack.encode(rep.snapshot(index)))
+    other, other_index = _replica()
+    other.load(snap)
+    assert other_index.held(("w0", 0)) == {11, 12, 13} and other.stream_seq == 2
+    other.apply(_batch(1, 1, 14, parent=13), 3)  # continues the epoch: no gap
+    assert other.counters.gaps == 0 and other_index.held(("w0", 0)) == {11, 12, 13, 14}
+
+
+def test_worker_tokens_are_subject_safe_and_distinct() -> None:
+    names = ["http://10.0.0.7:30000", "http://10.0.0.7:30001", "a.b", "a_b", "a b", "ü/*>"]
+    tokens = [subjects.token(n) for n in names]
+    assert len(set(tokens)) == len(names)
+    assert all(t.replace("_", "").replace("-", "").isalnum() and t.isascii() for t in tokens)
+    assert subjects.batches("KV", "a.b", 3).count(".") == 2
