@@ -15,6 +15,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "/tests/fleet/" in str(item.fspath):
             item.add_marker(pytest.mark.fleet)
+            # a task destroyed pending (a loop closed under it) is an error here, not noise in a later test's stderr
+            item.add_marker(pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning"))
 
 
 @pytest.fixture(scope="session")

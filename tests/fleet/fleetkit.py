@@ -15,6 +15,8 @@ from cacheon.gateway.config import RelayConfig
 from cacheon.sim.tokenizer import gateway_model
 from tests.gateway.inproc import InProcessGateway, LoopThread
 
+_CRASHED: list[LoopThread] = []  # killed relays' loops, stopped and kept for the session
+
 
 class RelayThread:
     """One relay (``relaying.serve``, what ``cacheon kv relay`` runs) on a loop thread of its own."""
@@ -33,8 +35,11 @@ class RelayThread:
         return self.loop.call(_status(self.relay))
 
     def kill(self) -> None:
-        """Die without letting go: no lease released, the loop stopped mid-work (a crashed process)."""
-        self.loop.close()
+        """Die without letting go: no lease released, the loop stopped mid-work (a crashed process). The
+        stopped loop is kept, never closed: its tasks are frozen, as a dead process's are, rather than
+        destroyed later under another test (asyncio would log each one there)."""
+        self.loop.halt()
+        _CRASHED.append(self.loop)
         for follow in list(self.relay.follows.values()):  # what the OS does to a dead process's sockets
             follow.stop.set()
             follow.thread.join(5)

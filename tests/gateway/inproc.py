@@ -5,6 +5,7 @@ gateway sent upstream (request ids, trace context), which neither SGLang nor the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Coroutine
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
+from cacheon.aio import cancel_pending
 from cacheon.gateway.app import GatewayServer
 from cacheon.gateway.config import parse
 from cacheon.gateway.service import Gateway
@@ -29,7 +31,15 @@ class LoopThread:
     def call(self, coro: Coroutine[Any, Any, Any], timeout_s: float = 60) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
+    def halt(self) -> None:
+        """Stop the loop where it is, tasks and all, without closing it (a process frozen or killed)."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
     def close(self) -> None:
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                self.call(cancel_pending(), 10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         self.loop.close()

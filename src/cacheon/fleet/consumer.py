@@ -27,6 +27,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from cacheon.aio import cancel_pending
 from cacheon.fleet import subjects
 from cacheon.fleet.envelope import Snapshot, envelope_decoder, heartbeat_decoder, snapshot_decoder
 from cacheon.fleet.plane import Plane, connect
@@ -225,5 +226,7 @@ class PlaneConsumer:
 
         with contextlib.suppress(Exception):
             self.call(shutdown()).result(5)
+        with contextlib.suppress(Exception):  # what a plane that is down left running: cancelled, not destroyed
+            self.call(cancel_pending()).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
