@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from tests.fleet.natsd import NatsServer
+from tests.gateway.inproc import LoopThread
 
 _names = itertools.count()
 
@@ -39,3 +40,11 @@ def plane_names():
     """A stream and a snapshot bucket no other test uses on the shared server."""
     n = next(_names)
     return {"stream": f"KV_T{n}", "snapshot_bucket": f"snap-t{n}"}
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """One event loop on a thread per module: in-process gateways and their clients run on it."""
+    thread = LoopThread()
+    yield thread
+    thread.close()

@@ -70,27 +70,8 @@ def plane_gateway(loop: LoopThread, base: Path, profile: tuple[Path, Path], urls
                                    "event_plane": plane, **extra}, base)
 
 
-def status(gw: InProcessGateway) -> dict[str, dict[str, Any]]:
-    return {w["url"]: w for w in httpx.get(f"{gw.admin_url}/status", timeout=5).json()["workers"]}
-
-
-def digests(gws: list[InProcessGateway], urls: list[str]) -> list[dict[str, tuple[str, int]]]:
-    out = []
-    for gw in gws:
-        s = status(gw)
-        out.append({u: (s[u]["index_digest"], s[u]["indexed_blocks"]) for u in urls})
-    return out
-
-
-def agreed(gws: list[InProcessGateway], urls: list[str]) -> dict[str, tuple[str, int]] | None:
-    seen = digests(gws, urls)
-    first = seen[0]
-    ok = all(d == first for d in seen) and all(digest and blocks > 0 for digest, blocks in first.values())
-    return first if ok else None
-
-
 def ready(gw: InProcessGateway, urls: list[str]) -> bool:
-    s = status(gw)
+    s = gw.status()
     return all(u in s and s[u]["ladder"]["state"] == "READY" for u in urls)
 
 

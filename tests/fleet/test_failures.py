@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -15,17 +14,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cacheon.sim.launch import SimProcess, wait_until
-from tests.fleet.fleetkit import RelayThread, agreed, digests, drive, plane_gateway, ready, status
-from tests.gateway.inproc import LoopThread
+from tests.fleet.fleetkit import RelayThread, drive, plane_gateway, ready
+from tests.gateway.agreement import agreed, digests
 
 pytestmark = [pytest.mark.timeout(120)]
 
-
-@pytest.fixture
-def loop() -> Iterator[LoopThread]:
-    thread = LoopThread()
-    yield thread
-    thread.close()
 
 
 def _sims(stack: ExitStack, tmp_path: Path, profile: tuple[Path, Path], n: int = 1) -> list[str]:
@@ -36,7 +29,7 @@ def _sims(stack: ExitStack, tmp_path: Path, profile: tuple[Path, Path], n: int =
 
 
 def _blocks(gw, urls: list[str]) -> int:
-    return sum(status(gw)[u]["indexed_blocks"] for u in urls)
+    return sum(gw.status()[u]["indexed_blocks"] for u in urls)
 
 
 def test_the_nats_server_restarts(loop, tmp_path, profile, nats_own, plane_names) -> None:
@@ -78,7 +71,7 @@ def test_a_dead_relays_workers_go_to_another(loop, tmp_path, profile, nats_share
         first.kill()  # no lease released: it expires
         wait_until(lambda: len(second.status()["workers"]) == 2, "the second relay to take both workers", 15)
         drive(gw, 3, 3)
-        wait_until(lambda: _blocks(gw, urls) > 0 and status(gw)[urls[0]]["last_seq"], "events again", 10)
+        wait_until(lambda: _blocks(gw, urls) > 0 and gw.status()[urls[0]]["last_seq"], "events again", 10)
         assert httpx.get(f"{gw.url}/readyz", timeout=5).json()["event_plane"]["stale_workers"] == []
         assert held > 0
 

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -33,12 +32,6 @@ pytestmark = pytest.mark.timeout(120)
 SLOW_PREFILL = ["--prefill-us-per-token", "3000", "--max-running-requests", "4"]  # ~600 tokens: ~1.8 s
 LONG = "The radix cache keeps every prefix it has seen until memory runs short. " * 40
 
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[LoopThread]:
-    thread = LoopThread()
-    yield thread
-    thread.close()
 
 
 def plane(url: str, stream: str, share: bool = True) -> dict[str, Any]:

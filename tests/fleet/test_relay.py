@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -10,17 +9,12 @@ import httpx
 import pytest
 
 from cacheon.sim.launch import SimProcess, wait_until
-from tests.fleet.fleetkit import RelayThread, agreed, digests, drive, plane_gateway, ready, status
+from tests.fleet.fleetkit import RelayThread, drive, plane_gateway, ready
+from tests.gateway.agreement import agreed, digests
 from tests.gateway.inproc import LoopThread
 
 pytestmark = [pytest.mark.timeout(120)]
 
-
-@pytest.fixture
-def loop() -> Iterator[LoopThread]:
-    thread = LoopThread()
-    yield thread
-    thread.close()
 
 
 def test_replicas_converge_through_the_relay_with_no_replay_endpoint(
@@ -37,10 +31,10 @@ def test_replicas_converge_through_the_relay_with_no_replay_endpoint(
         for gw in gws:
             stack.callback(gw.close)
         for gw in gws:
-            wait_until(lambda gw=gw: ready(gw, urls), f"the ladder through the plane: {status(gw)}", 30)
+            wait_until(lambda gw=gw: ready(gw, urls), f"the ladder through the plane: {gw.status()}", 30)
         drive(gws[0], 6, 0)
         drive(gws[1], 6, 6)
-        before = wait_until(lambda: agreed(gws, urls), f"replicas to agree: {digests(gws, urls)} {status(gws[0])} {relay.status()}", 15)
+        before = wait_until(lambda: agreed(gws, urls), f"replicas to agree: {digests(gws, urls)} {gws[0].status()} {relay.status()}", 15)
 
         # A replica started later loads each worker's snapshot and replays the stream after it.
         late = plane_gateway(loop, tmp_path, profile, urls, plane)
@@ -49,4 +43,4 @@ def test_replicas_converge_through_the_relay_with_no_replay_endpoint(
         assert after != before  # the late replica's own ladder challenge added blocks: all three saw them
         assert httpx.get(f"{late.url}/readyz", timeout=5).json()["event_plane"]["snapshots_loaded"] == 2
         for u in urls:
-            assert status(late)[u]["kv_replay_port"] is None  # no worker replay endpoint anywhere
+            assert late.status()[u]["kv_replay_port"] is None  # no worker replay endpoint anywhere

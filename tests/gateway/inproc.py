@@ -11,6 +11,7 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+import httpx
 from aiohttp import web
 
 from cacheon.aio import cancel_pending
@@ -55,6 +56,10 @@ class InProcessGateway:
         self.url = f"http://{self.server.addresses['listen']}"
         admin = self.server.addresses.get("admin.listen")
         self.admin_url = f"http://{admin}" if admin else None
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Every worker's full status, by URL, from the admin listener (as ``GatewayProcess.status``)."""
+        return {w["url"]: w for w in httpx.get(f"{self.admin_url}/status", timeout=5).json()["workers"]}
 
     def close(self) -> None:
         self.loop.call(self.server.stop())

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cacheon.sim.launch import GatewayProcess, SimProcess, wait_until
+from tests.gateway.agreement import agreed, digests
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]  # workers and three gateways as processes
 
@@ -30,21 +31,6 @@ def drive(replicas: list[GatewayProcess], n: int, start: int) -> None:
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(ask, range(start, start + n)))
-
-
-def digests(replicas: list[GatewayProcess], urls: list[str]) -> list[dict[str, tuple[str, int]]]:
-    out = []
-    for gw in replicas:
-        status = gw.status()
-        out.append({u: (status[u]["index_digest"], status[u]["indexed_blocks"]) for u in urls})
-    return out
-
-
-def agreed(replicas: list[GatewayProcess], urls: list[str]) -> dict[str, tuple[str, int]] | None:
-    seen = digests(replicas, urls)
-    first = seen[0]
-    ok = all(d == first for d in seen) and all(digest and blocks > 0 for digest, blocks in first.values())
-    return first if ok else None
 
 
 def test_replicas_agree_and_a_restarted_one_converges(tmp_path: Path, profile: tuple[Path, Path]) -> None:
