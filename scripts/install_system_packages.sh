@@ -35,7 +35,8 @@ if ! bwrap_works; then
     echo "install_system_packages: bwrap is installed but cannot create namespaces here (user namespaces disabled?)" >&2
     exit 1
 fi
-if ! bwrap --help 2>&1 | grep -q -- --assert-userns-disabled; then
+# The help text whole, then matched: `bwrap --help | grep -q` under pipefail fails when grep exits first (SIGPIPE).
+if ! grep -q -- --assert-userns-disabled <<<"$(bwrap --help 2>&1)"; then
     echo "install_system_packages: $(bwrap --version) lacks --disable-userns/--assert-userns-disabled (0.8 or later is needed)" >&2
     exit 1
 fi
