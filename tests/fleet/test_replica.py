@@ -12,6 +12,7 @@ from cacheon.fleet.envelope import Envelope, Kind, snapshot_decoder
 from cacheon.fleet.replica import WorkerReplica
 from cacheon.kv.contracts import for_version
 from cacheon.kv.index import BlockIndex
+from cacheon.kv.wire import WireDecoder
 
 PIN = for_version("0.5.13.post1")
 W = "http://10.0.0.7:30000"
@@ -109,3 +110,18 @@ def test_worker_tokens_are_subject_safe_and_distinct() -> None:
     assert len(set(tokens)) == len(names)
     assert all(t.replace("_", "").replace("-", "").isalnum() and t.isascii() for t in tokens)
     assert subjects.batches("KV", "a.b", 3).count(".") == 2
+
+
+def test_the_relays_replica_applies_what_its_feed_decoded_as_a_gateway_decodes_it() -> None:
+    decoder = WireDecoder(PIN)
+    envs = [_reset(), _batch(1, 0, 11, 12), _batch(1, 1, 13, parent=12)]
+    (relayed, relayed_index), (gateway, gateway_index) = _replica(), _replica()
+    for seq, env in enumerate(envs, 1):
+        relayed.apply(env, seq, decoder.decode(env.payload, 0) if env.kind is Kind.BATCH else None)
+        gateway.apply(env, seq)
+    assert relayed_index.held(("w0", 0)) == gateway_index.held(("w0", 0)) == {11, 12, 13}
+    assert relayed.counters == gateway.counters
+    # The contract is still checked: a batch relayed under another is refused whatever was decoded.
+    other = msgspec.structs.replace(_batch(1, 2, 14, parent=13), contract=for_version("0.5.23").id)
+    relayed.apply(other, 4, decoder.decode(other.payload, 0))
+    assert 14 not in relayed_index.held(("w0", 0)) and sum(relayed.counters.rejects.values()) == 1

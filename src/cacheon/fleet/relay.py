@@ -36,6 +36,7 @@ from nats.js.api import StorageType, StreamConfig
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from cacheon.aio import Outbox
 from cacheon.fleet import subjects
 from cacheon.fleet.envelope import Envelope, Heartbeat, Kind, envelope_encoder
 from cacheon.fleet.plane import Plane, connect
@@ -92,23 +93,31 @@ async def ensure_stream(plane: Plane, stream: str, retention_s: float, duplicate
             duplicate_window=min(duplicate_window_s, retention_s), storage=StorageType.FILE))
 
 
+def _acked(ack: asyncio.Future[Any] | None) -> int | None:
+    """The stream sequence an acknowledgement gave; None when none came in time or it failed (published again)."""
+    if ack is None or not ack.done():
+        if ack is not None:
+            ack.cancel()
+        return None
+    if ack.cancelled() or isinstance(ack.exception(), PUBLISH_ERRORS):
+        return None
+    return int(ack.result().seq)
+
+
 class _Follow:
     """One worker followed: its ZMQ thread, its ordered outbox, its publisher task and its replica."""
 
     def __init__(self, relay: Relay, found: Followed, loop: asyncio.AbstractEventLoop) -> None:
         self.relay, self.found = relay, found
         self.replica = WorkerReplica(found.worker, found.contract, relay.index, bounds=relay.settings.bounds)
-        self.queue: asyncio.Queue[tuple[Source, str] | Delivery] = asyncio.Queue()
+        self.outbox: Outbox[tuple[Source, str] | Delivery] = Outbox(loop)
         self.epochs: dict[int, int] = {}
         self.published = 0
         self.resets = 0
         self.snapshot_at = 0
         for rank in range(found.dp_size):  # a new epoch before the first batch this relay publishes
-            self.queue.put_nowait(((found.worker, rank), "relay_start"))
-
-        def push(item: tuple[Source, str] | Delivery) -> None:
-            loop.call_soon_threadsafe(self.queue.put_nowait, item)
-
+            self.outbox.put(((found.worker, rank), "relay_start"))
+        push = self.outbox.put
         self.subscriber = Subscriber(None, lambda d: push(d) if d.batch is not None else None,
                                      on_clear=lambda s, why: push((s, why)),
                                      bounds=relay.settings.bounds, max_replay=relay.settings.max_replay)
@@ -121,23 +130,21 @@ class _Follow:
         self.task = asyncio.create_task(self._publish_loop())
 
     async def _publish_loop(self) -> None:
-        """What the ZMQ thread queued, in order: batches pipelined up to ``WINDOW`` at a time, each reset alone
-        (the batches after it carry its stream sequence as their epoch)."""
-        run: list[Delivery] = []
+        """What the ZMQ thread handed over, in order: batches pipelined up to ``WINDOW`` at a time, each reset
+        alone (the batches after it carry its stream sequence as their epoch)."""
         while True:
-            item = await self.queue.get()
-            while True:
-                if isinstance(item, Delivery):
-                    run.append(item)
-                else:
+            run: list[Delivery] = []
+            for item in await self.outbox.get():
+                if not isinstance(item, Delivery):
                     await self._publish_run(run)
                     run = []
                     await self._publish_reset(*item)
-                if self.queue.empty() or len(run) >= WINDOW:
-                    break
-                item = self.queue.get_nowait()
+                    continue
+                run.append(item)
+                if len(run) >= WINDOW:
+                    await self._publish_run(run)
+                    run = []
             await self._publish_run(run)
-            run = []
 
     async def _publish_reset(self, source: Source, why: str) -> None:
         s, rank = self.relay.settings, source[1]
@@ -169,18 +176,18 @@ class _Follow:
             with contextlib.suppress(*PUBLISH_ERRORS):
                 ack = await self.relay.plane.js.publish_async(subject, data, stream=s.stream,
                                                               headers={"Nats-Msg-Id": msg_id})
-            sent.append((env, subject, data, msg_id, ack))
+            sent.append((d, env, subject, data, msg_id, ack))
+        pending = [ack for *_, ack in sent if ack is not None]
+        if pending:  # one timer for the window, not one per acknowledgement
+            await asyncio.wait(pending, timeout=ACK_TIMEOUT_S)
         applied = []
-        for env, subject, data, msg_id, ack in sent:
-            try:
-                if ack is None:
-                    raise TimeoutError
-                seq = int((await asyncio.wait_for(ack, ACK_TIMEOUT_S)).seq)
-            except PUBLISH_ERRORS:
+        for d, env, subject, data, msg_id, ack in sent:
+            seq = _acked(ack)
+            if seq is None:
                 seq = await self.relay.publish(subject, data, msg_id)
-            applied.append((seq, env))
-        for seq, env in sorted(applied, key=lambda pair: pair[0]):
-            self.replica.apply(env, seq)
+            applied.append((seq, env, d))
+        for seq, env, d in sorted(applied, key=lambda t: t[0]):
+            self.replica.apply(env, seq, d.batch)  # the feed decoded these very bytes: not decoded twice
         self.published += len(applied)
 
     async def close(self) -> None:
@@ -308,7 +315,7 @@ class Relay:
         return {"relay": self.settings.relay_id, "connected": self.plane is not None and self.plane.connected,
                 "publish_retries": self.publish_retries,
                 "workers": {w: {"published": f.published, "stream_seq": f.replica.stream_seq,
-                                "snapshot_seq": f.snapshot_at, "queued": f.queue.qsize(),
+                                "snapshot_seq": f.snapshot_at, "queued": len(f.outbox),
                                 "ingest": f.subscriber.counters()} for w, f in sorted(self.follows.items())}}
 
     async def close(self) -> None:

@@ -17,7 +17,15 @@ from cacheon.fleet.envelope import Envelope, Kind, RankBlocks, RankCursor, Snaps
 from cacheon.kv.contracts import WireContract
 from cacheon.kv.feed import Delivery, FeedCounters, Source
 from cacheon.kv.index import BlockIndex, IndexOp, PrefixIndex
-from cacheon.kv.wire import RANK_MISMATCH, SCHEMA_MISMATCH, WireBounds, WireDecoder, WireReject, operations
+from cacheon.kv.wire import (
+    RANK_MISMATCH,
+    SCHEMA_MISMATCH,
+    DecodedBatch,
+    WireBounds,
+    WireDecoder,
+    WireReject,
+    operations,
+)
 
 
 class WorkerReplica:
@@ -60,8 +68,10 @@ class WorkerReplica:
     def heartbeat(self, now: float | None = None) -> None:
         self.heard = time.time() if now is None else now
 
-    def apply(self, env: Envelope, stream_seq: int) -> None:
-        """One envelope, stored at ``stream_seq``; envelopes at or before ``stream_seq`` already applied are skipped."""
+    def apply(self, env: Envelope, stream_seq: int, decoded: DecodedBatch | None = None) -> None:
+        """One envelope, stored at ``stream_seq``; envelopes at or before ``stream_seq`` already applied are skipped.
+        ``decoded``: its payload as the relay's own feed accepted it (same bytes, contract, rank and bounds), so
+        the relay does not decode each batch twice; a gateway never passes it (it trusts no relay's decoding)."""
         if stream_seq <= self.stream_seq:
             self.duplicates += 1
             return
@@ -89,17 +99,17 @@ class WorkerReplica:
             self.duplicates += 1
             return
         cursor.last = env.seq
-        self._deliver(source, env)
+        self._deliver(source, env, decoded)
 
     def _clear(self, source: Source) -> None:
         self.counters.clears += 1
         self.index.clear(source)
 
-    def _deliver(self, source: Source, env: Envelope) -> None:
+    def _deliver(self, source: Source, env: Envelope, decoded: DecodedBatch | None) -> None:
         try:
             if env.contract != self.contract.id:
                 raise WireReject(SCHEMA_MISMATCH, f"relayed under {env.contract}, the worker speaks {self.contract.id}")
-            batch = self.decoder.decode(env.payload, env.rank)
+            batch = decoded if decoded is not None else self.decoder.decode(env.payload, env.rank)
         except WireReject as reject:
             self.counters.rejects[reject.reason] += 1
             if self.on_delivery is not None:
