@@ -174,7 +174,7 @@ def test_a_lost_end_is_reconciled_and_bad_messages_are_counted(loop: LoopThread,
     """A peer's heartbeat lists what it still has in flight: an entry whose end was lost goes at the next one."""
     subject = f"cacheon.load.{plane_names['stream']}"
 
-    async def run() -> tuple[int, int, int, float]:
+    async def run() -> tuple[int, int, int, float, tuple[int, float], tuple[int, float]]:
         share: LoadShare[Routed] = LoadShare(nats_shared.url, plane_names["stream"], 0.2, 5.0, CollectorRegistry(),
                                              lambda event, _routed: event)
         await share.start()
@@ -182,9 +182,11 @@ def test_a_lost_end_is_reconciled_and_bad_messages_are_counted(loop: LoopThread,
         try:
             while share.plane.value != "up":
                 await asyncio.sleep(0.05)
+            alone = share.staleness()
             send = msgspec.msgpack.encode
             routed = [Routed(n, "w0", [1, 2, 3], 4, 12, 12) for n in (1, 2)]
-            await peer.publish(f"{subject}.p", send(Batch("p", time.time(), list(routed))))
+            late = time.time() - 0.5  # decided half a second ago: the delay's average moves by a fifth of it
+            await peer.publish(f"{subject}.p", send(Batch("p", late, list(routed))))
             await peer.publish(f"{subject}.p", b"\x93not a batch")
             await peer.flush()
             await asyncio.sleep(0.3)
@@ -194,12 +196,15 @@ def test_a_lost_end_is_reconciled_and_bad_messages_are_counted(loop: LoopThread,
             await asyncio.sleep(0.3)
             left = [e.seq for e in share.flying("w0")]
             rejected = share.metrics.rejected._value.get()
-            return both, len(left), left[0], rejected
+            return both, len(left), left[0], rejected, alone, share.staleness()
         finally:
             await peer.close()
             await share.stop()
 
-    assert loop.call(run()) == (2, 1, 2, 1.0)
+    both, left, seq, rejected, alone, stale = loop.call(run())
+    assert (both, left, seq, rejected) == (2, 1, 2, 1.0)
+    assert alone == (0, 0.0)  # no peer: nothing unseen to allow for
+    assert stale[0] == 1 and 0.1 <= stale[1] < 0.15  # a heartbeat without events leaves the delay as it was
 
 
 def test_a_peer_heard_again_after_expiry_is_asked_for_its_load(loop: LoopThread, nats_shared: Any,

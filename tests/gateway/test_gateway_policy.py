@@ -6,10 +6,12 @@ Prompts here are 8 tokens at page 2 (4 blocks); a cost is in prefill tokens (mod
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from cacheon.gateway.config import WorkerSpec
-from cacheon.gateway.policy import Exact, RunTimes
+from cacheon.gateway.policy import Exact, InFlight, RunTimes
 from cacheon.gateway.workers import Discovery, Worker, WorkerState
 from cacheon.kv.hashing import page_hashes
 from cacheon.kv.index import BlockIndex
@@ -177,3 +179,63 @@ def test_a_hot_prefix_is_copied_only_once_its_sharers_outnumber_the_holders_slot
     assert _hot_on_b(1, 4, spread_by_demand=False) == "a"
     # No slot bound reported: no demand to weigh, the plain cost.
     assert _hot_on_b(1, None) == "a"
+
+
+class StaleFleet:
+    """The other replicas as ``Exact`` sees them: requests of theirs heard of, and how late they are heard."""
+
+    def __init__(self, peers: int, delay: float, seen: dict[str, list[InFlight]] | None = None) -> None:
+        self.peers, self.delay, self.seen = peers, delay, seen or {}
+
+    def routed(self, ticket: InFlight) -> None:
+        return None
+
+    def ended(self, ticket: InFlight) -> None:
+        return None
+
+    def flying(self, worker: str) -> list[InFlight]:
+        return self.seen.get(worker, [])
+
+    def staleness(self) -> tuple[int, float]:
+        return self.peers, self.delay
+
+
+def _wave(fleet: StaleFleet, prompts: int = 8) -> list[str]:
+    """A cold wave through one replica: distinct 8-token prompts routed as the proxy would (its own in-flight
+    count rising on the chosen worker), while the peers' decisions heard of sit on a and b (two each)."""
+    policy, _, _ = _exact()
+    policy.fleet_load = fleet
+    workers = [_worker(w) for w in "abcd"]
+    chosen = []
+    for p in range(prompts):
+        decision = choose(policy, workers, [1000 * p + t for t in range(8)])
+        decision.worker.in_flight += 1
+        chosen.append(decision.worker.id)
+    return chosen
+
+
+def _seen_on_a_and_b() -> dict[str, list[InFlight]]:
+    return {w: [InFlight(w, [9000 + 10 * i + j], 2, 8, 8, 100.0, True) for j in range(2)] for i, w in enumerate("ab")}
+
+
+def test_replicas_that_hear_each_other_late_spread_their_own_requests_among_near_equal_costs() -> None:
+    # Two peers, heard 1 s late: every decision of this replica's wave is within the delay, so as the wave
+    # goes each peer may have routed as many unseen. The peers' four requests heard of (on a and b) are a
+    # partial view: steering every request around them herds with the peers, who steer around this one's.
+    stale = Counter(_wave(StaleFleet(2, 1.0, _seen_on_a_and_b())))
+    assert sorted(stale.values()) == [2, 2, 2, 2]
+    # Negative controls: heard at once (no delay), or no peers at all, the partial view is taken as whole.
+    for fleet in (StaleFleet(2, 0.0, _seen_on_a_and_b()), StaleFleet(0, 1.0, _seen_on_a_and_b())):
+        informed = Counter(_wave(fleet))
+        assert informed["c"] + informed["d"] > informed["a"] + informed["b"]
+
+
+def test_the_unseen_margin_never_moves_a_request_away_from_its_prefix() -> None:
+    policy, index, _ = _exact()
+    policy.fleet_load = StaleFleet(8, 10.0)
+    index.apply(("b", 0), [("store", CHAIN, None)])
+    a, b, c = _worker("a"), _worker("b"), _worker("c")
+    for t in range(6):  # build a large margin: many recent decisions, the peers' unknown
+        choose(policy, [a, c], [500 + 10 * t + i for i in range(8)])
+    b.in_flight = 5  # this replica's own load is all on b, yet b alone holds the prompt
+    assert choose(policy, [a, b, c], TOKENS)[:2] == (b, "prefix_hit")

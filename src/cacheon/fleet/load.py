@@ -40,6 +40,7 @@ from cacheon.fleet.plane import servers
 log = logging.getLogger("cacheon.fleet.load")
 DELAY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 RETRY_S = 1.0  # between attempts to reach a plane that was not there at start
+DELAY_WEIGHT = 0.2  # of each batch in the moving average of the publish -> applied delay
 
 
 class Routed(msgspec.Struct, tag="r", array_like=True, frozen=True):
@@ -141,6 +142,7 @@ class LoadShare(Generic[T]):
         self._seq = 0
         self._outbox: list[Routed | Ended] = []
         self._first = 0.0  # wall time of the outbox's oldest event
+        self._delay = 0.0  # moving average of the peers' batches' publish -> applied delay, seconds
         self._hello = self._resync = True
         self._wake = asyncio.Event()
         self._nc: Client | None = None
@@ -166,6 +168,14 @@ class LoadShare(Generic[T]):
         """The other replicas' requests in flight on ``worker``."""
         entries = self._by_worker.get(worker)
         return list(entries.values()) if entries else []
+
+    def staleness(self) -> tuple[int, float]:
+        """(peers, delay): how many other replicas route beside this one, and how late their decisions
+        arrive here (a moving average, seconds). Decisions they made within that delay are not counted
+        yet; (0, 0.0) while the plane is not up: there is nothing to wait for."""
+        if self.plane != Plane.UP or not self.peers:
+            return 0, 0.0
+        return len(self.peers), self._delay
 
     def remote_in_flight(self) -> int:
         return sum(len(entries) for entries in self._by_worker.values())
@@ -300,6 +310,7 @@ class LoadShare(Generic[T]):
             self._wake.set()
         if batch.events:
             self.metrics.delay.observe(delay)
+            self._delay += (min(delay, self.expiry_s) - self._delay) * DELAY_WEIGHT
 
     def _put(self, replica: str, peer: Peer[T], event: Routed, routed: float) -> None:
         self._pop(replica, peer, event.seq)  # a resync repeats entries: upsert

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from enum import StrEnum
 from typing import Any, NamedTuple, Protocol
@@ -189,6 +189,8 @@ class FleetLoad(Protocol):
 
     def flying(self, worker: str) -> list[InFlight]: ...
 
+    def staleness(self) -> tuple[int, float]: ...
+
 
 class RunTimes:
     """How long a request runs, as a line in its prefill work, learned from the requests routed.
@@ -254,6 +256,13 @@ class Exact:
     prefill it saves. A prefix counts as held when the index says so, or when a request in flight
     on w shares it (the in-flight overlay: its events are still coming, so a burst of siblings
     follows it). Ties go to the deeper cache, then rotate.
+
+    Replicas sharing load (``fleet_load``) hear each other's decisions late (the plane's delay), so a
+    worker's cost here misses whatever the peers routed there within that delay. Costs closer to the
+    best than that unseen prefill (``_unseen_margin``) are a tie: among them, at the best's depth, the
+    worker with the fewest of this replica's own requests wins. Steering by a partial view of the
+    peers made replicas in a burst herd onto the same workers (1.33× one gateway's TTFT p99,
+    benchmarks/README.md); each replica even on its own is even in sum.
     """
 
     name = "exact"
@@ -266,7 +275,8 @@ class Exact:
         self.spread_by_demand = spread_by_demand  # off: a hot prefix's copy at its plain cost (an ablation)
         self.private_weight, self.decode_weight = private_weight, decode_weight
         self.runtimes = RunTimes()
-        self.mean_prompt = 0.0
+        self.mean_prompt = self.mean_uncached = 0.0  # moving averages of prompt and prefill tokens
+        self._recent: deque[float] = deque()  # this replica's decisions within the fleet's load delay
         self._turns = itertools.count()
         self._flying: dict[str, list[InFlight]] = {}  # worker -> the requests routed there, not yet released
         self.fleet_load: FleetLoad | None = None  # the other replicas' requests, counted beside this one's
@@ -328,16 +338,22 @@ class Exact:
         hot = min(deepest, max(commons, default=0))  # what requests in flight share of the deepest match
         spread_weight = self._spread_weight(hot, commons, views)
         turn = next(self._turns)
-        best: tuple[float, int, int] | None = None
-        chosen, chosen_held, queued_there, free_there = ready[0][0], 0, 0, True
-        for i, (w, have, queued, wait, busy, _slots) in enumerate(views):
+        keys: list[tuple[float, int, int, int]] = []  # (cost, -held, rotation, view): ties go to the deeper cache
+        for i, (_w, have, queued, wait, busy, _slots) in enumerate(views):
             copied = max(0, deepest - max(have, hot))  # a private prefix prefilled again, here
             spread = max(0, hot - have)  # a hot one
             cost = (queued + wait + busy + (n - have) + (self.private_weight - 1) * copied
                     + (spread_weight - 1) * spread)
-            key = (cost, -have, (i - turn) % len(ready))  # ties: the deeper cache, then rotate
-            if best is None or key < best:
-                best, chosen, chosen_held, queued_there, free_there = key, w, have, queued, not wait
+            keys.append((cost, -have, (i - turn) % len(ready), i))
+        best = min(keys)
+        if margin := self._unseen_margin(now):
+            # Costs within the margin of the best differ by less than the peers' decisions not seen yet:
+            # spread this replica's own requests among them (each replica even on its own is even in
+            # sum), never away from the depth the best holds.
+            best = min((k for k in keys if k[1] == best[1] and k[0] <= best[0] + margin),
+                       key=lambda k: (views[k[3]][0].in_flight, k[2]))
+        chosen, chosen_held, queued_there, wait_there = views[best[3]][:4]
+        free_there = not wait_there
         reason = (RouteReason.FALLBACK_MISS if not deepest else
                   RouteReason.PREFIX_HIT if chosen_held == deepest else RouteReason.FALLBACK_OVERLOAD)
         page = chosen.discovery.page_size  # type: ignore[union-attr]  # READY workers are discovered
@@ -345,9 +361,22 @@ class Exact:
         ticket = InFlight(chosen.id, chains[chosen_group] if chosen_group else [], page, n - chosen_held,
                           queued_there + n - chosen_held, now, free_there)
         self._flying.setdefault(chosen.id, []).append(ticket)
+        self.mean_uncached += (ticket.uncached - self.mean_uncached) * (0.02 if self.mean_uncached else 1.0)
         if self.fleet_load is not None:
             self.fleet_load.routed(ticket)
+            self._recent.append(now)
         return Decision(chosen, reason, chosen_held, ticket, chosen.id not in refused, refused.get(chosen.id))
+
+    def _unseen_margin(self, now: float) -> float:
+        """Prefill tokens the other replicas may have queued on the cheapest-looking worker that this one
+        has not heard of yet: their decisions of the last ``delay`` seconds, as many each as this replica
+        made in it (the load balancer's share) plus the one each may be making now. All of it, not a
+        share: replicas deciding with nearly the same view pick the same worker. 0 for a single gateway."""
+        peers, delay = self.fleet_load.staleness() if self.fleet_load is not None else (0, 0.0)
+        recent = self._recent
+        while recent and recent[0] <= now - delay:
+            recent.popleft()
+        return peers * (len(recent) + 1) * self.mean_uncached if peers and delay else 0.0
 
     def _spread_weight(self, hot: int, commons: Sequence[int],
                        views: Sequence[tuple[Candidate, int, int, float, float, int]]) -> float:
