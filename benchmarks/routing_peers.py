@@ -5,7 +5,10 @@ workers (cold caches, page 4 by default) are started, the router goes in front o
 trace is replayed through it in turn-synchronised waves with streamed requests. Routers:
 ``sglang:cache_aware`` and ``sglang:round_robin`` (PyPI ``sglang-router``, its own venv:
 benchmarks/peers/install.sh; it routes by an approximate tree of request text), and Cacheon's
-``rr``, ``approx`` (a tree of token prefixes it routed) and ``exact`` (the workers' KV events).
+``rr``, ``approx`` (a tree of token prefixes it routed) and ``exact`` (the workers' KV events);
+``exact:N`` is ``exact`` as N gateway processes on one port (``serve --processes N``, ``SO_REUSEPORT``),
+replicas sharing their in-flight load over a real nats-server (``tests/fleet/natsd.py``), each
+subscribed to every worker's KV events: the gateway on more than one core.
 
 Per router and trace:
 - hit rate: cached / prompt tokens, as the workers report them in each response's usage (the
@@ -61,6 +64,8 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fleet.natsd: the real nats-server
+
 import httpx
 import psutil
 from _peers import ROOT, SglangRouter, failed
@@ -68,6 +73,7 @@ from _traces import TRACES, Message, Trace
 
 from cacheon.sim.launch import GatewayProcess, SimProcess
 from cacheon.sim.tokenizer import gateway_model, write_profile
+from tests.fleet.natsd import NatsServer
 
 ROUTERS = ("sglang:cache_aware", "sglang:round_robin", "rr", "approx", "exact")
 VERSION = "0.5.13.post1"
@@ -206,9 +212,14 @@ def run_one(trace: Trace, router: str, args: argparse.Namespace, tmp: Path, prof
             peer = SglangRouter(stack, tmp, urls, router.split(":", 1)[1], args.router_arg)
             url, pid = peer.url, peer.proc.pid
         else:
-            gw = GatewayProcess(stack, tmp, profile, router, [{"url": u} for u in urls],
-                         models={model: gateway_model(*profile)})
-            if router == "exact":
+            policy, _, processes = router.partition(":")
+            extra: dict[str, object] = {}
+            if processes:
+                nats = stack.enter_context(NatsServer(tmp / f"nats-{trace.name}-{run}"))
+                extra["event_plane"] = {"url": nats.url, "kv_events": "workers", "share_load": True}
+            gw = GatewayProcess(stack, tmp, profile, policy, [{"url": u} for u in urls],
+                                processes=int(processes or 1), models={model: gateway_model(*profile)}, **extra)
+            if policy == "exact":
                 states = {u: w["ladder"] for u, w in gw.settled(urls).items()}
                 fenced = {u: s["reason"] for u, s in states.items() if s["state"] != "READY"}
                 if fenced:
@@ -269,8 +280,12 @@ def report(results: list[Result], routers: list[str], traces: list[str]) -> None
 def goals(results: list[Result], trace: str) -> None:
     """Issue 22's goals for exact against cache_aware on this trace: the worst run of exact against the
     best of the peer, each with both sides' figures (ranges over runs)."""
-    exact = [r for r in results if r.trace == trace and r.router == "exact"]
-    peer = [r for r in results if r.trace == trace and r.router == "sglang:cache_aware"]
+    for router in dict.fromkeys(r.router for r in results if r.router.partition(":")[0] == "exact"):
+        _goals([r for r in results if r.trace == trace and r.router == router],
+               [r for r in results if r.trace == trace and r.router == "sglang:cache_aware"], router)
+
+
+def _goals(exact: list[Result], peer: list[Result], router: str) -> None:
     if not exact or not peer:
         return
 
@@ -289,7 +304,7 @@ def goals(results: list[Result], trace: str) -> None:
               ("req/s >=", "requests_per_s", ".0f", at_least("requests_per_s")),
               ("CPU/request <= 2x", "cpu_ms_per_request", ".2f", at_most("cpu_ms_per_request", 2.0))]
     cpu = statistics.mean(r.cpu_ms_per_request for r in exact) / statistics.mean(r.cpu_ms_per_request for r in peer)
-    print(f"        exact vs cache_aware: engine TTFT p50 {side('engine_ttft_p50_ms', '.1f')} ms, "
+    print(f"        {router} vs cache_aware: engine TTFT p50 {side('engine_ttft_p50_ms', '.1f')} ms, "
           f"p99 {side('engine_ttft_p99_ms', '.1f')} ms; CPU/request {cpu:.2f}x (means)")
     print("        goals: " + "; ".join(f"{name} {side(key, fmt)} {ok}" for name, key, fmt, ok in checks))
 
@@ -320,7 +335,8 @@ def main() -> None:
                         help="with C frames (py-spy then pauses the gateway per sample: TTFT and rate suffer)")
     args = parser.parse_args()
     traces, routers = args.traces.split(","), args.routers.split(",")
-    unknown = sorted(set(traces) - set(TRACES)) + sorted(set(routers) - set(ROUTERS))
+    unknown = sorted(set(traces) - set(TRACES)) + sorted(r for r in set(routers) if r not in ROUTERS and not (
+        r.partition(":")[0] == "exact" and r.partition(":")[2].isdigit() and int(r.partition(":")[2]) > 1))
     if unknown or args.runs < 1 or args.workers < 1:
         raise SystemExit(f"unknown trace or router: {', '.join(unknown)}" if unknown else "need --runs, --workers >= 1")
     print(f"{args.workers} workers, page {args.page}, {args.capacity_tokens} cached tokens each; time model: "

@@ -148,11 +148,14 @@ class GatewayProcess:
     """One gateway as a real process (``cacheon gateway serve``), configured from arguments."""
 
     def __init__(self, stack: ExitStack, tmp: Path, profile: tuple[Path, Path] | None, policy: str,
-                 workers: list[dict[str, Any]], **extra: Any) -> None:
-        """``profile``: the simulator's model files, served as ``demo``; None when ``extra`` has ``models``."""
+                 workers: list[dict[str, Any]], processes: int = 1, **extra: Any) -> None:
+        """``profile``: the simulator's model files, served as ``demo``; None when ``extra`` has ``models``.
+        ``processes``: ``serve --processes`` (the config must then name an event plane sharing load)."""
         self.port, self.admin_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.admin_url = f"http://127.0.0.1:{self.admin_port}"  # the admin API's own listener
+        # the admin API's own listener, one a process (process i's on the admin port + i)
+        self.admin_urls = [f"http://127.0.0.1:{self.admin_port + i}" for i in range(processes)]
+        self.admin_url = self.admin_urls[0]
         models = {"demo": gateway_model(*profile)} if profile is not None else {}
         cfg = {"listen": f"127.0.0.1:{self.port}", "policy": policy, "workers": workers, "models": models,
                "admin": {"listen": f"127.0.0.1:{self.admin_port}"}, "health_interval_s": 0.5,
@@ -160,7 +163,7 @@ class GatewayProcess:
         self.config = path = tmp / f"gateway-{self.port}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         self.log = tmp / f"gateway-{self.port}.log"
-        self.proc = _spawn(stack, ["gateway", "serve", "--config", str(path)], self.log)
+        self.proc = _spawn(stack, ["gateway", "serve", "--config", str(path), "--processes", str(processes)], self.log)
         wait_until(self._up, f"gateway (log {self.log})")
 
     def _up(self) -> bool:
@@ -168,9 +171,9 @@ class GatewayProcess:
             raise ProcessError(f"gateway exited: {self.log.read_text()}")
         return httpx.get(f"{self.url}/status", timeout=2).status_code == 200
 
-    def status(self) -> dict[str, dict[str, Any]]:
+    def status(self, process: int = 0) -> dict[str, dict[str, Any]]:
         """Every worker's full status, by URL (the admin listener's ``/status``: the traffic port's has no URLs)."""
-        return {w["url"]: w for w in httpx.get(f"{self.admin_url}/status", timeout=5).json()["workers"]}
+        return {w["url"]: w for w in httpx.get(f"{self.admin_urls[process]}/status", timeout=5).json()["workers"]}
 
     def wait_discovered(self, urls: list[str]) -> dict[str, dict[str, Any]]:
         """Wait until the gateway knows what model each worker serves (rr and approx discover too)."""
@@ -181,10 +184,13 @@ class GatewayProcess:
         return wait_until(done, f"workers to be discovered: {json.dumps(self.status())[:2000]}")
 
     def settled(self, urls: list[str]) -> dict[str, dict[str, Any]]:
-        """Wait until every worker is READY or FENCED with a reason, and return the status."""
-        def done() -> dict[str, dict[str, Any]] | None:
-            s = self.status()
+        """Wait until every worker is READY or FENCED with a reason in every process (each attests on its
+        own), and return the first process's status."""
+        def done(process: int) -> dict[str, dict[str, Any]] | None:
+            s = self.status(process)
             ok = all(u in s and (s[u]["ladder"]["state"] == "READY" or s[u]["ladder"]["reason"]) for u in urls)
             return s if ok else None
 
-        return wait_until(done, f"ladder to settle: {json.dumps(self.status())[:2000]}")
+        settled = [wait_until(lambda p=p: done(p), f"ladder to settle in process {p} (log {self.log})")
+                   for p in range(len(self.admin_urls))]
+        return settled[0]
