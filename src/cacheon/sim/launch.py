@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import socket
@@ -191,6 +192,6 @@ class GatewayProcess:
             ok = all(u in s and (s[u]["ladder"]["state"] == "READY" or s[u]["ladder"]["reason"]) for u in urls)
             return s if ok else None
 
-        settled = [wait_until(lambda p=p: done(p), f"ladder to settle in process {p} (log {self.log})")
+        settled = [wait_until(functools.partial(done, p), f"ladder to settle in process {p} (log {self.log})")
                    for p in range(len(self.admin_urls))]
         return settled[0]
