@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 import httptools
 
 _HIGH_WATER = 1 << 17  # decoded bytes held before the worker's socket is paused (a slow client)
+MAX_HEAD = 1 << 16  # bytes of status line and headers a worker may send (aiohttp's client allowed 8 KiB a line)
+_UNSAFE = frozenset("\r\n\0")  # in a header a request carries: would end the header (request splitting)
 
 
 class UpstreamError(ConnectionError):
@@ -48,7 +50,9 @@ class Response(asyncio.Protocol):
         self.status = 0
         self.headers: list[tuple[str, str]] = []
         self.received = False  # any byte of this answer: a reused connection that got none may be stale
+        self.idle = False  # pooled, no request on it: bytes arriving now answer nothing
         self.complete = self.headed = False
+        self._head_bytes = 0
         self._framed = self._paused = self._keep = False
         self._body: list[bytes] = []
         self._held = 0
@@ -60,12 +64,21 @@ class Response(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is one, though not by class
 
     def data_received(self, data: bytes) -> None:
+        if self.idle:  # a worker that answers before it is asked must not answer the next request with it
+            self.lost = True
+            self.close()
+            return
         self.received = True
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._error = UpstreamError(f"malformed HTTP from the worker: {exc}")
             self.close()
+        if not self.headed:  # httptools buffers a header line however long: the head is bounded here
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD and self._error is None:
+                self._error = UpstreamError(f"the worker's response head is larger than {MAX_HEAD} bytes")
+                self.close()
         if self._held > _HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
@@ -79,6 +92,10 @@ class Response(asyncio.Protocol):
             why = f": {exc}" if exc else ""
             self._error = UpstreamError(f"the worker closed the connection before its answer ended{why}")
         self._wake()
+
+    def on_message_begin(self) -> None:
+        if self.complete:  # a second answer in the same reads as this one's end: nothing asked for it
+            raise UpstreamError("the worker sent more than one answer to one request")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         lowered = name.lower()
@@ -131,7 +148,7 @@ class Response(asyncio.Protocol):
 
     def reusable(self) -> bool:
         """Its answer read to the end and the connection open, and the worker keeps it alive."""
-        return self._keep and not self.lost and not self._body
+        return self._keep and not self.lost and not self._body and self._error is None
 
     def close(self) -> None:
         if self.transport is not None:
@@ -165,14 +182,17 @@ class Upstream:
         """The worker's answer with its head in: the request written in one go on a pooled connection,
         or on a new one when the pooled one turns out closed before a byte of the answer came."""
         host, port, netloc, tls = self._target(base)
+        if any(not _UNSAFE.isdisjoint(k) or not _UNSAFE.isdisjoint(v) for k, v in headers.items()):
+            raise ValueError("a header to the worker has a line break or NUL in it")  # as aiohttp's client refused
+        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         head = b"".join((b"POST ", path.encode(), b" HTTP/1.1\r\nHost: ", netloc, b"\r\nContent-Length: ",
-                         str(len(body)).encode(), b"\r\n",
-                         "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode(), b"\r\n"))
+                         str(len(body)).encode(), b"\r\n", lines.encode(), b"\r\n"))
         idle = self._idle.get(base)
         while idle:
             resp = idle.pop()
             if resp.lost:
                 continue
+            resp.idle = False
             assert resp.transport is not None
             resp.transport.writelines((head, body))
             try:
@@ -207,6 +227,7 @@ class Upstream:
         (an unfinished request is aborted on the worker that way)."""
         if resp.reusable():
             resp.reset()
+            resp.idle = True
             self._idle.setdefault(resp.key, []).append(resp)
         else:
             resp.close()
