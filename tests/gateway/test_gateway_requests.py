@@ -38,11 +38,14 @@ class StandIn:
     """A worker over real HTTP: discovery, health, and completions answered as ``mode`` says:
     ``ok``, ``truncated`` (a 200 whose JSON stops half-way), ``dies`` (a stream cut after one event),
     ``stalls`` (a stream silent for 3 s after one event), ``late`` (no head for 3 s), ``steady`` (a
-    stream of 6 events 0.4 s apart) or ``flood`` (a 24 MiB stream, as fast as it goes)."""
+    stream of 6 events 0.4 s apart) or ``flood`` (a 24 MiB stream, as fast as it goes). ``peers``: the
+    client address of each answered request (which connection it came on)."""
 
-    def __init__(self, loop: LoopThread, mode: str = "ok", max_model_len: int = 1 << 20) -> None:
+    def __init__(self, loop: LoopThread, mode: str = "ok", max_model_len: int = 1 << 20,
+                 keepalive_s: float = 75) -> None:
         self.mode, self.max_model_len = mode, max_model_len
         self.bodies: list[bytes] = []
+        self.peers: list[Any] = []
         self._loop = loop
 
         async def server_info(_: web.Request) -> web.Response:
@@ -59,6 +62,7 @@ class StandIn:
 
         async def answer(request: web.Request) -> web.StreamResponse:
             self.bodies.append(await request.read())
+            self.peers.append(request.transport and request.transport.get_extra_info("peername"))
             if self.mode == "truncated":
                 return web.Response(body=msgspec.json.encode(ANSWER)[:20], content_type="application/json")
             if self.mode == "late":
@@ -90,7 +94,7 @@ class StandIn:
                 app.router.add_get(path, handler)
             for path in ("/v1/completions", "/v1/chat/completions", "/generate"):
                 app.router.add_post(path, answer)
-            self._runner = web.AppRunner(app)
+            self._runner = web.AppRunner(app, keepalive_timeout=keepalive_s)
             await self._runner.setup()
             await web.TCPSite(self._runner, "127.0.0.1", 0).start()
             return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
@@ -284,6 +288,20 @@ def test_a_slow_reader_is_not_a_silent_worker(loop: LoopThread, gateway: Any) ->
         time.sleep(2.5)  # reading nothing: 24 MiB overflow the loopback buffers, the gateway's write waits
         events = [line for line in r.iter_lines() if line]
     assert len(events) == 385 and events[-1] == "data: [DONE]"
+    assert gw.gateway.fleet.workers["w0"].breaker.failures == 0
+
+
+@pytest.mark.parametrize("keepalive_s", [75, 0.3])
+def test_streams_reuse_a_connection_the_worker_keeps_and_not_one_it_closed(loop: LoopThread, gateway: Any,
+                                                                         keepalive_s: float) -> None:
+    worker = StandIn(loop, mode="steady", keepalive_s=keepalive_s)
+    gw = gateway({}, worker)
+    for _ in range(2):
+        with httpx.stream("POST", f"{gw.url}/v1/completions", json={"model": "demo", "prompt": "x", "stream": True},
+                          timeout=30) as r:
+            assert [line for line in r.iter_lines() if line][-1] == "data: [DONE]"
+        time.sleep(1 if keepalive_s < 1 else 0)  # past the worker's keep-alive in the second case
+    assert len(set(worker.peers)) == (1 if keepalive_s > 1 else 2)
     assert gw.gateway.fleet.workers["w0"].breaker.failures == 0
 
 

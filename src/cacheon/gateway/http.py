@@ -1,4 +1,5 @@
-"""The gateway's HTTP client side: one pooled aiohttp session for proxying and for control calls.
+"""The gateway's HTTP client side: one pooled aiohttp session for non-streamed proxying and control calls
+(streams have their own lean client, ``upstream.py``).
 
 aiohttp rather than httpx on this path: measured in the same run against the same simulated
 worker, an httpx ``AsyncClient`` round trip costs ~1.1 ms more than aiohttp's on the 2-core

@@ -15,7 +15,7 @@ import asyncio
 import functools
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
@@ -34,6 +34,7 @@ from cacheon.gateway.prompt import Prompt, Route, decode, encode, prompt_of, reu
 from cacheon.gateway.recorder import CLIENT_GONE, Attempt, Outcome, Recorder, log
 from cacheon.gateway.refusals import Refusal, Rejected, clip, oai_error
 from cacheon.gateway.tracing import Tracing
+from cacheon.gateway.upstream import Response, Upstream
 from cacheon.gateway.workers import Worker
 from cacheon.tokens.chat import NotPredictable
 from cacheon.tokens.profile import TokenizerProfile
@@ -74,11 +75,11 @@ class Proxy:
         # Per-request costs kept off the hot path: parsed upstream URLs, timeouts.
         self._urls: dict[tuple[str, str], URL] = {}
         self._timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
-        self._stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=cfg.request_timeout_s,
-                                                     sock_read=cfg.request_timeout_s)
+        self._upstream = Upstream()  # streams' own keep-alive pool
 
     def close(self) -> None:
         self._tokenizer.shutdown(wait=False, cancel_futures=True)
+        self._upstream.close()
 
     async def handle(self, request: web.Request, path: str, kind: str) -> web.StreamResponse:
         outcome = Outcome(path, request_id(request), time.perf_counter(), Route(kind))
@@ -214,7 +215,7 @@ class Proxy:
         except TRANSPORT_ERRORS as exc:
             self._failed(w)
             raise Retry(_transport(exc, self.cfg.request_timeout_s)) from None
-        response = web.Response(body=content, status=status, headers=_passed(headers, ours))
+        response = web.Response(body=content, status=status, headers=_passed(headers.items(), ours))
         if status >= 500:
             self._failed(w)
             raise Retry(f"HTTP {status}", response)
@@ -231,34 +232,43 @@ class Proxy:
 
     async def _stream(self, request: web.Request, w: Worker, outcome: Outcome, raw: bytes,
                       upstream: dict[str, str], ours: dict[str, str]) -> web.StreamResponse:
-        """Chunk-by-chunk passthrough; Retry only before the status line reaches the client."""
-        try:  # a stream may run long: its timeout is on the gap between chunks, not on the whole
-            resp = await self.fleet.client.post(self._url(w, outcome.endpoint), data=raw, headers=upstream,
-                                                timeout=self._stream_timeout)
-            if resp.status >= 500:  # read whole: it may become the answer if no worker is left
-                failed = web.Response(body=await resp.read(), status=resp.status, headers=_passed(resp.headers, ours))
-                resp.release()
+        """Chunk-by-chunk passthrough on the lean client (``upstream``); Retry only before the status
+        line reaches the client. Its timeout is on the gap between chunks, not on the whole stream."""
+        timeout_s, resp = self.cfg.request_timeout_s, None
+        try:
+            try:
+                resp = await self._upstream.post(w.url, outcome.endpoint, raw, upstream, timeout_s)
+                if resp.status >= 500:  # read whole: it may become the answer if no worker is left
+                    failed = web.Response(body=await resp.read(timeout_s), status=resp.status,
+                                          headers=_passed(resp.headers, ours))
+                    self._failed(w)
+                    raise Retry(f"HTTP {resp.status}", failed)
+            except TRANSPORT_ERRORS as exc:
                 self._failed(w)
-                raise Retry(f"HTTP {resp.status}", failed)
-        except TRANSPORT_ERRORS as exc:
-            self._failed(w)
-            raise Retry(_transport(exc, self.cfg.request_timeout_s)) from None
+                raise Retry(_transport(exc, timeout_s)) from None
+            return await self._relay(request, w, outcome, resp, ours)
+        finally:  # an unfinished answer's connection is closed, not pooled: that aborts it on the worker
+            if resp is not None:
+                self._upstream.done(resp)
+
+    async def _relay(self, request: web.Request, w: Worker, outcome: Outcome, resp: Response,
+                     ours: dict[str, str]) -> web.StreamResponse:
         out = web.StreamResponse(status=resp.status, headers=_passed(resp.headers, ours))
-        try:  # closing an unfinished upstream response aborts that request on the worker
+        timeout_s = self.cfg.request_timeout_s
+        try:
             await out.prepare(request)
-            chunks = resp.content.iter_any()
             # Only a prediction is scored against the stream's last counting event (Recorder._score).
             tail = outcome.tail = StreamTail() if outcome.attempts[-1].decision.predicted else None
             while True:
                 try:
-                    chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    break
+                    chunk = await resp.chunk(timeout_s)
                 except TRANSPORT_ERRORS as exc:  # mid-stream: too late to retry; the client must see it failed
                     self._failed(w)
-                    outcome.error = f"upstream ended mid-stream: {_transport(exc, self.cfg.request_timeout_s)}"
+                    outcome.error = f"upstream ended mid-stream: {_transport(exc, timeout_s)}"
                     await _abort(request, out, f"worker {w.id} failed mid-stream; the answer is incomplete")
                     return out
+                if not chunk:
+                    break
                 if outcome.first_chunk is None:
                     outcome.first_chunk = time.perf_counter()
                 if tail is not None:
@@ -268,8 +278,6 @@ class Proxy:
             w.breaker.succeeded()
         except ConnectionResetError:  # the client left while we wrote to it
             outcome.status, outcome.error = CLIENT_GONE, "client disconnected"
-        finally:
-            resp.close()
         return out
 
     def _url(self, w: Worker, path: str) -> URL:
@@ -294,6 +302,6 @@ def _transport(exc: BaseException, timeout_s: float) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _passed(upstream: Mapping[str, str], ours: dict[str, str]) -> dict[str, str]:
+def _passed(upstream: Iterable[tuple[str, str]], ours: dict[str, str]) -> dict[str, str]:
     """The worker's response headers minus hop-by-hop ones, plus the gateway's decision headers."""
-    return {**{k: v for k, v in upstream.items() if k.lower() not in _HOP}, **ours}
+    return {**{k: v for k, v in upstream if k.lower() not in _HOP}, **ours}

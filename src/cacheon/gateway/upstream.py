@@ -1,0 +1,250 @@
+"""The gateway's upstream client for streamed answers: HTTP/1.1 on ``asyncio.Protocol``, parsed by httptools.
+
+aiohttp's client costs a per-chunk parse in Python, a ``StreamReader`` feed and a task wake-up for
+every event of a stream. Here httptools (C) takes the chunked framing off inside ``data_received``
+and the relay is woken once per socket read with everything that read carried; measured at 0.5–0.8
+ms less CPU per streamed request (benchmarks/README.md, issue 22). One pool of keep-alive
+connections per worker; a connection goes back to it only after a complete answer the worker lets
+it keep, so a request the relay leaves unfinished is aborted on the worker by the close. Idle
+connections are closed by the worker's own keep-alive timeout (seen here as the connection lost).
+Non-streamed and control calls stay on aiohttp (``http.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Mapping
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+_HIGH_WATER = 1 << 17  # decoded bytes held before the worker's socket is paused (a slow client)
+MAX_HEAD = 1 << 16  # bytes of status line and headers a worker may send (aiohttp's client allowed 8 KiB a line)
+_UNSAFE = frozenset("\r\n\0")  # in a header a request carries: would end the header (request splitting)
+
+
+class UpstreamError(ConnectionError):
+    """The worker's connection failed, closed early, or carried malformed HTTP: a transport error."""
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+class Response(asyncio.Protocol):
+    """One connection to a worker and the answer in progress on it: head first, then body by reads."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key  # the worker's base URL: the pool it goes back to
+        self.transport: asyncio.Transport | None = None
+        self.lost = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[None] | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Ready for the next answer on this connection."""
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+        self.received = False  # any byte of this answer: a reused connection that got none may be stale
+        self.idle = False  # pooled, no request on it: bytes arriving now answer nothing
+        self.complete = self.headed = False
+        self._head_bytes = 0
+        self._framed = self._paused = self._keep = False
+        self._body: list[bytes] = []
+        self._held = 0
+        self._error: Exception | None = None
+
+    # -- asyncio.Protocol and the parser's callbacks ---------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is one, though not by class
+
+    def data_received(self, data: bytes) -> None:
+        if self.idle:  # a worker that answers before it is asked must not answer the next request with it
+            self.lost = True
+            self.close()
+            return
+        self.received = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._error = UpstreamError(f"malformed HTTP from the worker: {exc}")
+            self.close()
+        if not self.headed:  # httptools buffers a header line however long: the head is bounded here
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD and self._error is None:
+                self._error = UpstreamError(f"the worker's response head is larger than {MAX_HEAD} bytes")
+                self.close()
+        if self._held > _HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self.headed and not self._framed:  # no length, not chunked: the body ends with the connection
+            self.complete = True
+        elif not self.complete and self._error is None:
+            why = f": {exc}" if exc else ""
+            self._error = UpstreamError(f"the worker closed the connection before its answer ended{why}")
+        self._wake()
+
+    def on_message_begin(self) -> None:
+        if self.complete:  # a second answer in the same reads as this one's end: nothing asked for it
+            raise UpstreamError("the worker sent more than one answer to one request")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lowered = name.lower()
+        if lowered in (b"content-length", b"transfer-encoding"):
+            self._framed = True
+        self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self.headed = True
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+        self._held += len(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._keep = self._parser.should_keep_alive()  # llhttp forgets it once the message is over
+
+    # -- the relay's side --------------------------------------------------------------------
+
+    async def head(self, timeout_s: float) -> None:
+        """Until the status line and headers are in; TimeoutError after ``timeout_s`` without them."""
+        while not self.headed:
+            if self._error is not None:
+                raise self._error
+            await self._wait(timeout_s)
+
+    async def chunk(self, timeout_s: float) -> bytes:
+        """The body bytes every read since the last call carried (decoded); ``b""`` at the answer's end.
+        TimeoutError after ``timeout_s`` with nothing new: the gap between chunks, not the whole."""
+        while not self._body:
+            if self.complete:
+                return b""
+            if self._error is not None:
+                raise self._error
+            await self._wait(timeout_s)
+        body, self._body, self._held = self._body, [], 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return body[0] if len(body) == 1 else b"".join(body)
+
+    async def read(self, timeout_s: float) -> bytes:
+        """The rest of the body, whole."""
+        parts = []
+        while part := await self.chunk(timeout_s):
+            parts.append(part)
+        return b"".join(parts)
+
+    def reusable(self) -> bool:
+        """Its answer read to the end and the connection open, and the worker keeps it alive."""
+        return self._keep and not self.lost and not self._body and self._error is None
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    async def _wait(self, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout_s, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class Upstream:
+    """Keep-alive connections per worker (base URL), most recently used first."""
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[Response]] = {}
+        self._targets: dict[str, tuple[str, int, bytes, ssl.SSLContext | None]] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    async def post(self, base: str, path: str, body: bytes, headers: Mapping[str, str],
+                   timeout_s: float) -> Response:
+        """The worker's answer with its head in: the request written in one go on a pooled connection,
+        or on a new one when the pooled one turns out closed before a byte of the answer came."""
+        host, port, netloc, tls = self._target(base)
+        if any(not _UNSAFE.isdisjoint(k) or not _UNSAFE.isdisjoint(v) for k, v in headers.items()):
+            raise ValueError("a header to the worker has a line break or NUL in it")  # as aiohttp's client refused
+        lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        head = b"".join((b"POST ", path.encode(), b" HTTP/1.1\r\nHost: ", netloc, b"\r\nContent-Length: ",
+                         str(len(body)).encode(), b"\r\n", lines.encode(), b"\r\n"))
+        idle = self._idle.get(base)
+        while idle:
+            resp = idle.pop()
+            if resp.lost:
+                continue
+            resp.idle = False
+            assert resp.transport is not None
+            resp.transport.writelines((head, body))
+            try:
+                await resp.head(timeout_s)
+                return resp
+            except UpstreamError:
+                if resp.received:  # the worker answered something broken: not a stale connection
+                    raise
+            finally:
+                if not resp.headed:
+                    resp.close()
+        resp = Response(base)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.get_running_loop().create_connection(
+                    lambda: resp, host, port, ssl=tls, server_hostname=host if tls else None)
+        except TimeoutError:
+            raise
+        except OSError as exc:
+            raise UpstreamError(f"cannot connect to {netloc.decode()}: {exc}") from None
+        assert resp.transport is not None
+        resp.transport.writelines((head, body))
+        try:
+            await resp.head(timeout_s)
+        except BaseException:
+            resp.close()
+            raise
+        return resp
+
+    def done(self, resp: Response) -> None:
+        """Back to the pool after a complete answer on a connection the worker keeps open; closed otherwise
+        (an unfinished request is aborted on the worker that way)."""
+        if resp.reusable():
+            resp.reset()
+            resp.idle = True
+            self._idle.setdefault(resp.key, []).append(resp)
+        else:
+            resp.close()
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for resp in idle:
+                resp.close()
+        self._idle.clear()
+
+    def _target(self, base: str) -> tuple[str, int, bytes, ssl.SSLContext | None]:
+        target = self._targets.get(base)
+        if target is None:
+            parts = urlsplit(base)  # a validated worker URL: scheme, host and optional port only
+            tls = None
+            if parts.scheme == "https":
+                tls = self._tls = self._tls or ssl.create_default_context()
+            port = parts.port or (443 if tls else 80)
+            target = self._targets[base] = (parts.hostname or "", port, parts.netloc.encode(), tls)
+        return target

@@ -1,0 +1,142 @@
+"""The streams' upstream client (``cacheon.gateway.upstream``) against workers that misbehave at the byte level,
+each a real TCP server on loopback writing exactly the bytes the case needs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from cacheon.gateway.upstream import MAX_HEAD, Upstream, UpstreamError
+
+Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+OK = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def _chunked(*events: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+
+
+async def _request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    return head + await reader.readexactly(length)
+
+
+def _run(serve: Serve, client: Callable[[Upstream, str], Awaitable[object]]) -> object:
+    async def main() -> object:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        upstream = Upstream()
+        try:
+            return await client(upstream, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        finally:
+            upstream.close()
+            server.close()
+
+    return asyncio.run(main())
+
+
+def test_a_head_that_never_ends_is_refused_at_the_bound() -> None:
+    """One header line growing without end (httptools buffers it whole): refused once the head passes
+    MAX_HEAD, not held in memory for as long as the worker writes."""
+    sent = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        await _request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Endless: ")
+        with pytest.raises(ConnectionError):
+            while True:
+                writer.write(b"a" * 4096)
+                sent += 4096
+                await writer.drain()
+
+    async def client(upstream: Upstream, url: str) -> object:
+        with pytest.raises(UpstreamError, match="head is larger than"):  # not a hang: fails in 20 s at worst
+            await asyncio.wait_for(upstream.post(url, "/v1/completions", b"{}", {}, 5), 20)
+        return None
+
+    _run(serve, client)
+    assert MAX_HEAD <= sent < 64 * MAX_HEAD  # the worker was cut off near the bound (socket buffers beside)
+
+
+@pytest.mark.parametrize("later", [False, True], ids=["same-read", "while-idle"])
+def test_bytes_a_worker_sends_unasked_answer_nothing(later: bool) -> None:
+    """A worker that writes a second answer before the second request (in the same reads as the first, or
+    while the connection is idle in the pool) must not have it taken as the answer to the next request
+    (another client's): the connection is dropped, a new one carries the request."""
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        mine = connections
+        while True:
+            try:
+                await _request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(OK + _chunked(b"data: answer %d\n\n" % mine))
+            if later:
+                await writer.drain()
+                await asyncio.sleep(0.05)
+            if mine == 1:
+                writer.write(OK + _chunked(b"data: forged\n\n"))  # unasked
+            await writer.drain()
+
+    async def client(upstream: Upstream, url: str) -> object:
+        answers = []
+        for _ in range(2):
+            resp = await upstream.post(url, "/v1/completions", b"{}", {}, 5)
+            answers.append(await resp.read(5))
+            upstream.done(resp)
+            await asyncio.sleep(0.1)  # the forged answer arrives while the connection is idle
+        return answers
+
+    assert _run(serve, client) == [b"data: answer 1\n\n", b"data: answer 2\n\n"]
+    assert connections == 2
+
+
+@pytest.mark.parametrize("value", ["a\r\nX-Injected: 1", "a\nb", "a\0b"])
+def test_a_header_that_would_split_the_request_is_never_written(value: str) -> None:
+    received: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.append(await reader.read(65536))
+
+    async def client(upstream: Upstream, url: str) -> object:
+        with pytest.raises(ValueError, match="line break or NUL"):
+            await upstream.post(url, "/v1/completions", b"{}", {"x-cacheon-hop": value}, 5)
+        await asyncio.sleep(0.1)
+        return None
+
+    _run(serve, client)
+    assert received in ([], [b""])  # no connection made, or nothing written on it
+
+
+def test_a_kept_connection_carries_the_next_stream_and_the_body_arrives_decoded() -> None:
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                request = await _request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            assert b"\r\nx-request-id: r1\r\n" in request and request.endswith(b"\r\n\r\n{}")
+            writer.write(OK + _chunked(b"data: 1\n\n", b"data: [DONE]\n\n"))
+            await writer.drain()
+
+    async def client(upstream: Upstream, url: str) -> object:
+        bodies = []
+        for _ in range(3):
+            resp = await upstream.post(url, "/v1/completions", b"{}", {"x-request-id": "r1"}, 5)
+            bodies.append((resp.status, await resp.read(5)))
+            upstream.done(resp)
+        return bodies
+
+    assert _run(serve, client) == [(200, b"data: 1\n\ndata: [DONE]\n\n")] * 3
+    assert connections == 1
