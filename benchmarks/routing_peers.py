@@ -195,6 +195,12 @@ def replay(url: str, model: str, trace: Trace, max_tokens: int) -> tuple[list[Re
         return done, time.perf_counter() - start
 
 
+def processes_of(router: str) -> int:
+    """``exact:N``'s N: gateway processes on one port; 1 for every other router."""
+    policy, _, n = router.partition(":")
+    return int(n) if policy == "exact" and n.isdigit() else 1
+
+
 def run_one(trace: Trace, router: str, args: argparse.Namespace, tmp: Path, profile: tuple[Path, Path],
             run: int) -> tuple[Result, list[Request]]:
     model = str(profile[0].parent)  # sglang-router loads the tokenizer from the model path: keep it local
@@ -212,13 +218,13 @@ def run_one(trace: Trace, router: str, args: argparse.Namespace, tmp: Path, prof
             peer = SglangRouter(stack, tmp, urls, router.split(":", 1)[1], args.router_arg)
             url, pid = peer.url, peer.proc.pid
         else:
-            policy, _, processes = router.partition(":")
+            policy, processes = router.partition(":")[0], processes_of(router)
             extra: dict[str, object] = {}
-            if processes:
+            if processes > 1:
                 nats = stack.enter_context(NatsServer(tmp / f"nats-{trace.name}-{run}"))
                 extra["event_plane"] = {"url": nats.url, "kv_events": "workers", "share_load": True}
             gw = GatewayProcess(stack, tmp, profile, policy, [{"url": u} for u in urls],
-                                processes=int(processes or 1), models={model: gateway_model(*profile)}, **extra)
+                                processes=processes, models={model: gateway_model(*profile)}, **extra)
             if policy == "exact":
                 states = {u: w["ladder"] for u, w in gw.settled(urls).items()}
                 fenced = {u: s["reason"] for u, s in states.items() if s["state"] != "READY"}
@@ -280,7 +286,7 @@ def report(results: list[Result], routers: list[str], traces: list[str]) -> None
 def goals(results: list[Result], trace: str) -> None:
     """Issue 22's goals for exact against cache_aware on this trace: the worst run of exact against the
     best of the peer, each with both sides' figures (ranges over runs)."""
-    for router in dict.fromkeys(r.router for r in results if r.router.partition(":")[0] == "exact"):
+    for router in dict.fromkeys(r.router for r in results if r.router == "exact" or processes_of(r.router) > 1):
         _goals([r for r in results if r.trace == trace and r.router == router],
                [r for r in results if r.trace == trace and r.router == "sglang:cache_aware"], router)
 
@@ -335,8 +341,8 @@ def main() -> None:
                         help="with C frames (py-spy then pauses the gateway per sample: TTFT and rate suffer)")
     args = parser.parse_args()
     traces, routers = args.traces.split(","), args.routers.split(",")
-    unknown = sorted(set(traces) - set(TRACES)) + sorted(r for r in set(routers) if r not in ROUTERS and not (
-        r.partition(":")[0] == "exact" and r.partition(":")[2].isdigit() and int(r.partition(":")[2]) > 1))
+    unknown = sorted(set(traces) - set(TRACES)) + sorted(
+        r for r in set(routers) if r not in ROUTERS and processes_of(r) == 1)
     if unknown or args.runs < 1 or args.workers < 1:
         raise SystemExit(f"unknown trace or router: {', '.join(unknown)}" if unknown else "need --runs, --workers >= 1")
     print(f"{args.workers} workers, page {args.page}, {args.capacity_tokens} cached tokens each; time model: "

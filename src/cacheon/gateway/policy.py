@@ -261,7 +261,7 @@ class Exact:
     worker's cost here misses whatever the peers routed there within that delay. Costs closer to the
     best than that unseen prefill (``_unseen_margin``) are a tie: among them, at the best's depth, the
     worker with the fewest of this replica's own requests wins. Steering by a partial view of the
-    peers made replicas in a burst herd onto the same workers (1.33× one gateway's TTFT p99,
+    peers made replicas in a burst herd onto the same workers (1.22–1.33× one gateway's TTFT p99,
     benchmarks/README.md); each replica even on its own is even in sum.
     """
 

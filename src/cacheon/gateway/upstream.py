@@ -2,8 +2,8 @@
 
 aiohttp's client costs a per-chunk parse in Python, a ``StreamReader`` feed and a task wake-up for
 every event of a stream. Here httptools (C) takes the chunked framing off inside ``data_received``
-and the relay is woken once per socket read with everything that read carried; measured at 0.5–0.8
-ms less CPU per streamed request (benchmarks/README.md, issue 22). One pool of keep-alive
+and the relay is woken once per socket read with everything that read carried; measured at 0.3–0.6
+ms less CPU per streamed request on the time-model traces (benchmarks/README.md, issue 22). One pool of keep-alive
 connections per worker; a connection goes back to it only after a complete answer the worker lets
 it keep, so a request the relay leaves unfinished is aborted on the worker by the close. Idle
 connections are closed by the worker's own keep-alive timeout (seen here as the connection lost).
@@ -71,8 +71,10 @@ class Response(asyncio.Protocol):
         self.received = True
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._error = UpstreamError(f"malformed HTTP from the worker: {exc}")
+        except httptools.HttpParserError as exc:  # a callback's own refusal arrives wrapped: say it, not the wrapper
+            ours = exc.__context__
+            self._error = (ours if isinstance(ours, UpstreamError)
+                           else UpstreamError(f"malformed HTTP from the worker: {exc}"))
             self.close()
         if not self.headed:  # httptools buffers a header line however long: the head is bounded here
             self._head_bytes += len(data)
@@ -183,7 +185,7 @@ class Upstream:
         or on a new one when the pooled one turns out closed before a byte of the answer came."""
         host, port, netloc, tls = self._target(base)
         if any(not _UNSAFE.isdisjoint(k) or not _UNSAFE.isdisjoint(v) for k, v in headers.items()):
-            raise ValueError("a header to the worker has a line break or NUL in it")  # as aiohttp's client refused
+            raise ValueError("a header to the worker has a line break or NUL in it")  # aiohttp refused CR, LF too
         lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         head = b"".join((b"POST ", path.encode(), b" HTTP/1.1\r\nHost: ", netloc, b"\r\nContent-Length: ",
                          str(len(body)).encode(), b"\r\n", lines.encode(), b"\r\n"))
@@ -193,28 +195,27 @@ class Upstream:
             if resp.lost:
                 continue
             resp.idle = False
-            assert resp.transport is not None
-            resp.transport.writelines((head, body))
             try:
-                await resp.head(timeout_s)
-                return resp
+                return await self._ask(resp, (head, body), timeout_s)
             except UpstreamError:
                 if resp.received:  # the worker answered something broken: not a stale connection
                     raise
-            finally:
-                if not resp.headed:
-                    resp.close()
         resp = Response(base)
         try:
             async with asyncio.timeout(timeout_s):
                 await asyncio.get_running_loop().create_connection(
                     lambda: resp, host, port, ssl=tls, server_hostname=host if tls else None)
-        except TimeoutError:
+        except TimeoutError:  # an OSError too: it stays the timeout it is
             raise
         except OSError as exc:
             raise UpstreamError(f"cannot connect to {netloc.decode()}: {exc}") from None
+        return await self._ask(resp, (head, body), timeout_s)
+
+    @staticmethod
+    async def _ask(resp: Response, request: tuple[bytes, bytes], timeout_s: float) -> Response:
+        """``request`` written on ``resp``'s connection, and its answer's head awaited; closed if that fails."""
         assert resp.transport is not None
-        resp.transport.writelines((head, body))
+        resp.transport.writelines(request)
         try:
             await resp.head(timeout_s)
         except BaseException:
