@@ -24,7 +24,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from cacheon.fleet.load import Batch, LoadShare, Routed
-from cacheon.sim.launch import GatewayProcess, SimProcess, free_port, wait_until
+from cacheon.sim.launch import GatewayProcess, ProcessError, SimProcess, free_port, free_range, wait_until
 from cacheon.sim.tokenizer import gateway_model
 from tests.gateway.inproc import InProcessGateway, LoopThread
 
@@ -242,31 +242,43 @@ def test_a_peer_heard_again_after_expiry_is_asked_for_its_load(loop: LoopThread,
     assert True in loop.call(run())
 
 
+def log_of(tmp_path: Path) -> str:
+    """What ``serve_processes``' supervisor and its processes printed."""
+    return (tmp_path / "gateway.log").read_text()
+
+
 def serve_processes(stack: ExitStack, tmp_path: Path, profile: tuple[Path, Path], nats_url: str, stream: str,
                     ) -> tuple[subprocess.Popen[str], int, int, set[str]]:
     """``cacheon gateway serve --processes 2`` on one sim worker, once both processes answer on the port:
     the process, the traffic and admin ports, and the two replica ids (``host-pid-random``)."""
     sim = SimProcess(stack, tmp_path, profile, "0.5.23")
     sim.ready()
-    port, admin = free_port(), free_port()
-    free_port()  # admin + 1, most likely: not handed to anyone else by this process
+    port, admin = free_port(), free_range(2)  # process i's admin listener is on admin + i
     cfg = {"listen": f"127.0.0.1:{port}", "policy": "exact", "models": {"demo": gateway_model(*profile)},
            "workers": [{"url": sim.url}], "admin": {"listen": f"127.0.0.1:{admin}"}, "health_interval_s": 0.5,
            "event_plane": plane(nats_url, stream)}
     config = tmp_path / "gateway.yaml"
     config.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    log = stack.enter_context((tmp_path / "gateway.log").open("w"))  # a file: a pipe nobody reads fills and blocks
     proc = subprocess.Popen([sys.executable, "-m", "cacheon", "gateway", "serve", "--config", str(config),
-                             "--processes", "2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "--processes", "2"], env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     stack.callback(lambda: proc.poll() is None and proc.kill())
     replicas: set[str] = set()
 
     def both() -> bool:
+        if proc.poll() is not None:
+            raise ProcessError(f"the supervisor exited ({proc.returncode})")
         with httpx.Client(timeout=2) as fresh:  # a new connection each: the kernel spreads them
             replicas.add(fresh.get(f"http://127.0.0.1:{port}/readyz").json()["fleet_load"]["replica"])
         return len(replicas) == 2
 
-    wait_until(both, "two processes answering on one port", 30)
+    try:
+        wait_until(both, "two processes answering on one port", 90)  # two interpreters starting on 2 busy cores
+    except ProcessError as exc:
+        proc.kill()
+        proc.wait(10)
+        raise AssertionError(f"{exc}; replicas seen {replicas}; its output:\n{log_of(tmp_path)}") from exc
     return proc, port, admin, replicas
 
 
@@ -282,7 +294,8 @@ def test_several_processes_serve_one_port(tmp_path: Path, profile: tuple[Path, P
         r = ask(f"http://127.0.0.1:{port}", "hello there")
         assert r is not None and r.status_code == 200
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
+        proc.wait(30)
+        out = log_of(tmp_path)
         assert proc.returncode == 0, out
         assert out.count(f"on http://127.0.0.1:{port}") == 2 and "process 1 of 2" in out
 

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,6 @@ from cacheon.gateway import logs
 from cacheon.gateway.config import WorkerSpec
 from cacheon.sim.launch import wait_until
 from cacheon.sim.tokenizer import gateway_model
-from cacheon.tokens.profile import TokenizerProfile
 from tests.gateway.inproc import InProcessGateway, LoopThread
 
 pytestmark = pytest.mark.timeout(120)
@@ -194,34 +194,44 @@ def test_prompts_are_bounded_by_the_models_context(loop: LoopThread, gateway: An
     assert post(approx, "/v1/completions", {"model": "demo", "prompt": "a short one"}).status_code == 200
 
 
+class HeldTokenizer:
+    """The profile's tokenizer, its long-text path (``encode_batch``) held until the test lets it go:
+    while it is held, whatever thread called it is stuck there, as it would be for a long prompt."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.entered, self.release = real, threading.Event(), threading.Event()
+        self.threads: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def encode_batch(self, *args: Any, **kwargs: Any) -> Any:
+        self.threads.append(threading.current_thread().name)
+        self.entered.set()
+        self.release.wait(60)
+        return self.real.encode_batch(*args, **kwargs)
+
+
 def test_a_long_prompt_tokenizes_off_the_event_loop(loop: LoopThread, gateway: Any,
                                                     profile: tuple[Path, Path]) -> None:
+    """While a long prompt is being tokenized, the gateway still answers: ``/livez`` and a short request
+    complete with the tokenizer held mid-call. Tokenized on the event loop, neither would (no timing)."""
     gw = gateway({"policy": "approx", "models": {"demo": gateway_model(*profile)}, "max_body_bytes": 8 << 20},
                  StandIn(loop))
+    live = gw.gateway.profiles["demo"]
+    held = HeldTokenizer(live.tokenizer)
+    live.tokenizer = live.windows.tokenizer = held
     text = "Every sentence here is new to the tokenizer, number %d. " * 8_000  # ~450 kB
-    alone = TokenizerProfile(gw.gateway.cfg.models["demo"])  # its own caches: the gateway's stay cold
-    started = time.perf_counter()
-    alone.encode_completion(text % tuple(range(8_000)))
-    tokenizing = time.perf_counter() - started
-    done = threading.Event()
-
-    async def longest_gap() -> float:
-        """The longest the gateway's event loop went without running a 5 ms timer (what /livez would wait)."""
-        gap, last = 0.0, time.perf_counter()
-        while not done.is_set():
-            await asyncio.sleep(0.005)
-            now = time.perf_counter()
-            gap, last = max(gap, now - last), now
-        return gap
-
-    gaps = asyncio.run_coroutine_threadsafe(longest_gap(), loop.loop)
-    try:
-        answer = post(gw, "/v1/completions", {"model": "demo", "prompt": text % tuple(range(1, 8_001))})
-    finally:
-        done.set()
-    assert answer.status_code == 200 and httpx.get(f"{gw.url}/livez").status_code == 200
-    # Same-run ratio: tokenized on the event loop, the loop would stall for the whole tokenization.
-    assert gaps.result(10) < tokenizing / 4, (gaps.result(), tokenizing)
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(post, gw, "/v1/completions", {"model": "demo", "prompt": text % tuple(range(8_000))})
+        try:
+            assert held.entered.wait(30), "the long prompt never reached the tokenizer"
+            assert httpx.get(f"{gw.url}/livez", timeout=10).status_code == 200
+            assert post(gw, "/v1/completions", {"model": "demo", "prompt": "a short one"}).status_code == 200
+        finally:
+            held.release.set()
+        assert answer.result(60).status_code == 200
+    assert held.threads == ["tokenize_0"]  # the gateway's tokenizer thread, one call through encode_batch
 
 
 def test_an_unknown_model_is_404_under_rr_and_logs_carry_a_bounded_model(loop: LoopThread, gateway: Any,

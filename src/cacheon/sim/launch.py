@@ -152,7 +152,7 @@ class GatewayProcess:
                  workers: list[dict[str, Any]], processes: int = 1, **extra: Any) -> None:
         """``profile``: the simulator's model files, served as ``demo``; None when ``extra`` has ``models``.
         ``processes``: ``serve --processes`` (the config must then name an event plane sharing load)."""
-        self.port, self.admin_port = free_port(), free_port()
+        self.port, self.admin_port = free_port(), free_range(processes)  # process i's admin port: admin + i
         self.url = f"http://127.0.0.1:{self.port}"
         # the admin API's own listener, one a process (process i's on the admin port + i)
         self.admin_urls = [f"http://127.0.0.1:{self.admin_port + i}" for i in range(processes)]
