@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from _chains import prompt_chains
 
-from cacheon.kv.index import BlockIndex
+from cacheon.kv.index import BlockIndex, ReferenceBlockIndex
+
+# ``--index``: the native index the gateway runs, or the pure-Python reference it is tested against.
+INDEXES: dict[str, type] = {"native": BlockIndex, "reference": ReferenceBlockIndex}
+
+
+def index_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--index", choices=sorted(INDEXES), default="native",
+                        help="which implementation of the block index (default: native, the one the gateway runs)")
 
 
 def fill(index: BlockIndex, workers: int, blocks: int, seed: int, keep: int = 0) -> list[list[int]]:

@@ -25,7 +25,7 @@ import time
 
 import msgspec
 from _chains import Step, digest, last_chains, steps
-from _kv import answers, crosscheck
+from _kv import INDEXES, answers, crosscheck, index_option
 from _peers import dynamo, failed
 
 from cacheon.kv.contracts import for_version
@@ -67,7 +67,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=8000)
     parser.add_argument("--peer", choices=("dynamo",), help="also ingest the same steps into Dynamo's RadixTree")
+    index_option(parser)
     args = parser.parse_args()
+    make_index = INDEXES[args.index]
     workload = list(steps(WORKERS, args.batches, STORES, REMOVES, SEED))
     # Token ids ride along to the decoder, not the index; spread over a 150k vocabulary like real ones.
     tokens = [(i * 2_654_435_761) % 150_000 for i in range(STORES * PAGE)]
@@ -87,7 +89,7 @@ def main() -> None:
                 decode(p)
 
         def ingest(data: list[bytes] = data, decoder: WireDecoder = decoder, built: list = built) -> None:
-            index = BlockIndex(capacity_per_source=16_384)
+            index = make_index(capacity_per_source=16_384)
             for step, p in zip(workload, data, strict=True):
                 index.apply(("w", step.worker), operations(decoder.decode(p, 0).events)[0])
             built[:] = [index]

@@ -22,7 +22,7 @@ import sys
 import tracemalloc
 
 from _chains import prompt_chains, random_ids, rss_bytes
-from _kv import fill
+from _kv import INDEXES, fill, index_option
 from _peers import dynamo, failed
 
 from cacheon.kv.index import BlockIndex
@@ -39,11 +39,11 @@ def traced(build) -> tuple[object, int]:
     return value, used
 
 
-def rss_growth(workers: int, blocks: int) -> dict[str, int]:
+def rss_growth(workers: int, blocks: int, implementation: str) -> dict[str, int]:
     """This process's RSS growth while the index takes the chains (the ``--rss`` child)."""
     for _ in prompt_chains(workers, blocks, workers):  # the dry pass
         pass
-    index = BlockIndex(capacity_per_source=blocks)
+    index = INDEXES[implementation](capacity_per_source=blocks)
     gc.collect()
     before = rss_bytes()
     fill(index, workers, blocks, workers)
@@ -58,15 +58,16 @@ def main() -> None:
     parser.add_argument("--peer", choices=("dynamo",), help="also the RSS growth of Cacheon's index and Dynamo's")
     parser.add_argument("--rss", type=int, metavar="WORKERS",
                         help="measure only this process's RSS growth for WORKERS and print it as JSON (the child)")
+    index_option(parser)
     args = parser.parse_args()
     if args.rss:
-        print(json.dumps(rss_growth(args.rss, args.blocks)))
+        print(json.dumps(rss_growth(args.rss, args.blocks, args.index)))
         return
     print(f"{'workers':>8}{'blocks':>10}{'bytes/block':>13}{'set bytes/id':>14}{'ratio':>8}"
           + (f"{'RSS cacheon':>13}{'RSS dynamo':>12}{'ratio':>8}" if args.peer else ""))
     for workers in args.workers or (8, 64, 256):
         def build(workers=workers) -> BlockIndex:
-            index = BlockIndex(capacity_per_source=args.blocks)
+            index = INDEXES[args.index](capacity_per_source=args.blocks)
             fill(index, workers, args.blocks, workers)
             return index
 
@@ -80,7 +81,8 @@ def main() -> None:
         del baseline
         line = f"{workers:>8}{held:>10,}{per_block:>13.1f}{per_id:>14.1f}{per_block / per_id:>8.2f}"
         if args.peer:
-            child = subprocess.run([sys.executable, __file__, "--rss", str(workers), "--blocks", str(args.blocks)],
+            child = subprocess.run([sys.executable, __file__, "--rss", str(workers), "--blocks", str(args.blocks),
+                                    "--index", args.index],
                                    capture_output=True, text=True, check=True)
             ours = json.loads(child.stdout)
             theirs = dynamo("memory", workers=workers, seed=workers, blocks=args.blocks)

@@ -19,10 +19,8 @@ import random
 import time
 
 from _chains import digest, queries, random_ids
-from _kv import answers, crosscheck, fill
+from _kv import INDEXES, answers, crosscheck, fill, index_option
 from _peers import dynamo, failed
-
-from cacheon.kv.index import BlockIndex
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -36,6 +34,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=2000)
     parser.add_argument("--workers", type=int, action="append", help="worker counts (default: 8, 64, 256)")
     parser.add_argument("--peer", choices=("dynamo",), help="also run Dynamo's RadixTree on the same queries")
+    index_option(parser)
     args = parser.parse_args()
     print(
         f"{'workers':>8} {'index':<8}{'full p50':>10}{'full p99':>10}{'mixed p50':>11}{'mixed p99':>11}"
@@ -43,7 +42,7 @@ def main() -> None:
     )
     wrong_total = 0
     for workers in args.workers or (8, 64, 256):
-        index = BlockIndex(capacity_per_source=args.blocks)
+        index = INDEXES[args.index](capacity_per_source=args.blocks)
         chains = fill(index, workers, args.blocks, workers, keep=256)
         full, mixed = queries(chains, args.queries, workers)
         rng = random.Random(f"floor/{workers}")
@@ -54,7 +53,7 @@ def main() -> None:
         floor = [timed(bare_lookups, chain, floor_map.get)[0] for chain in full]
         (f50, f99), (m50, m99), (b50, _) = (percentiles([us for us, _ in ours["full"]]),
                                             percentiles([us for us, _ in ours["mixed"]]), percentiles(floor))
-        print(f"{workers:>8} {'cacheon':<8}{f50:>10.1f}{f99:>10.1f}{m50:>11.1f}{m99:>11.1f}{b50:>11.1f}"
+        print(f"{workers:>8} {args.index:<8}{f50:>10.1f}{f99:>10.1f}{m50:>11.1f}{m99:>11.1f}{b50:>11.1f}"
               f"{f50 / b50:>12.2f}", flush=True)
         if args.peer:
             peer = dynamo("query", workers=workers, seed=workers, blocks=args.blocks, queries=args.queries)

@@ -23,6 +23,13 @@ rows = json.load(open("demo.json"))
 assert [r["policy"] for r in rows] == ["rr", "approx", "exact"], rows
 assert all(0 <= r["hit_rate"] <= 1 for r in rows), rows
 '
+# The KV path's native parts are in the wheel (a platform wheel), loaded from the venv, not from a checkout.
+"$work/venv/bin/python" -c '
+import sys
+from cacheon.kv import _blockindex, _events
+assert all(m.__file__.startswith(sys.prefix) and m.__file__.endswith(".so") for m in (_blockindex, _events))
+'
+ls "$work"/dist/cacheon-*.whl | grep -qv -- '-none-any\.whl$'
 # The gateway dashboard's static files are package data.
 "$work/venv/bin/python" -c '
 from importlib import resources

@@ -9,6 +9,8 @@ source does not hold is left out, and the capacity bound removes the most recent
 from __future__ import annotations
 
 import random
+import tracemalloc
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,11 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cacheon.kv.hashing import page_hashes
-from cacheon.kv.index import BlockIndex
+from cacheon.kv.index import BlockIndex, ReferenceBlockIndex
 from cacheon.sim.cache import PrefixCache
 
 EDGE_IDS = [0, 1, -1, 7, 2**63 - 1, -(2**63)]
 CAPACITY = 6
+# Every test runs on both: the native index and the pure-Python reference it must match.
+EACH = pytest.mark.parametrize("Index", [BlockIndex, ReferenceBlockIndex], ids=["native", "reference"])
 
 
 class Forest:
@@ -94,7 +98,7 @@ STEP = st.tuples(st.sampled_from(SOURCES[:5]) | st.sampled_from(SOURCES),
                  st.integers(0, 39), st.integers(0, 8), st.integers(0, 2**32))
 
 
-def run_world(index: BlockIndex, model: Model, forest: Forest, steps: list) -> None:
+def run_world(index: Any, model: Model, forest: Forest, steps: list) -> None:
     for source, kind, node, cut, salt in steps:
         if kind == "store":  # a run along a real chain: from depth `cut`, its parent named (maybe not held)
             path = forest.path(node)
@@ -120,7 +124,7 @@ def run_world(index: BlockIndex, model: Model, forest: Forest, steps: list) -> N
             model.clear(source)
 
 
-def check(index: BlockIndex, model: Model, forest: Forest, extra: list[int]) -> None:
+def check(index: Any, model: Model, forest: Forest, extra: list[int]) -> None:
     for source, held in model.held.items():
         assert index.blocks(source) == len(held), source
     assert len(index) == len(set().union(*model.held.values()))
@@ -129,17 +133,19 @@ def check(index: BlockIndex, model: Model, forest: Forest, extra: list[int]) -> 
             assert index.longest_prefix(chain) == model.prefix(chain), chain
 
 
+@EACH
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**32), st.lists(STEP, max_size=60), st.lists(st.integers(0, 7), max_size=3))
-def test_matches_the_model_with_orphans_trims_evictions_and_clears(seed: int, steps: list, tails: list[int]) -> None:
+def test_matches_the_model_with_orphans_trims_evictions_and_clears(Index: type, seed: int, steps: list, tails: list[int]) -> None:
     forest = Forest(seed)
-    index, model = BlockIndex(capacity_per_source=CAPACITY), Model(CAPACITY)
+    index, model = Index(capacity_per_source=CAPACITY), Model(CAPACITY)
     run_world(index, model, forest, steps)
     check(index, model, forest, [forest.foreign[t] for t in tails])
 
 
-def test_orphans_and_trims_are_counted() -> None:
-    index = BlockIndex(capacity_per_source=3)
+@EACH
+def test_orphans_and_trims_are_counted(Index: type) -> None:
+    index = Index(capacity_per_source=3)
     index.apply("w", [("store", [5, 6], 4)])  # parent 4 not held: left out
     assert index.orphans == 2 and index.blocks("w") == 0 and len(index) == 0
     index.apply("w", [("store", [1, 2, 3, 4], None)])  # one over the bound: the newest goes
@@ -148,14 +154,15 @@ def test_orphans_and_trims_are_counted() -> None:
     assert index.longest_prefix([1, 2, 3, 4, 5]) == {"w": 3} and index.evictions == 3
 
 
+@EACH
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**32), st.integers(1, 4), st.integers(8, 64))
-def test_a_radix_caches_stream_is_indexed_exactly_as_reported(seed: int, page: int, capacity_pages: int) -> None:
+def test_a_radix_caches_stream_is_indexed_exactly_as_reported(Index: type, seed: int, page: int, capacity_pages: int) -> None:
     """A real radix cache (the simulator's: LRU leaves first) under a random workload: what it reports,
     applied to plain sets (no rules), is what the index answers; nothing is an orphan or trimmed."""
     rng = random.Random(seed)
     caches = {s: PrefixCache(page, capacity_pages * page) for s in ("a", "b", "c")}
-    index: BlockIndex[str] = BlockIndex(capacity_per_source=1 << 16)
+    index = Index(capacity_per_source=1 << 16)
     plain: dict[str, set[int]] = {s: set() for s in caches}
     prompts = [[rng.randrange(6) for _ in range(rng.randrange(1, 40))] for _ in range(12)]
     asked = []
@@ -181,8 +188,9 @@ def test_a_radix_caches_stream_is_indexed_exactly_as_reported(seed: int, page: i
     assert {s: index.blocks(s) for s in caches} == {s: len(held) for s, held in plain.items()}
 
 
-def test_a_batch_applies_in_order() -> None:
-    index = BlockIndex()
+@EACH
+def test_a_batch_applies_in_order(Index: type) -> None:
+    index = Index()
     index.apply("w", [("store", [1, 2, 3], None), ("remove", [3], None), ("clear", [], None), ("store", [4], None),
                       ("remove", [9], None)])
     assert index.longest_prefix([4]) == {"w": 1}
@@ -190,41 +198,124 @@ def test_a_batch_applies_in_order() -> None:
     assert index.blocks("w") == 1
 
 
-def test_dropped_columns_are_reused_and_start_empty() -> None:
-    index = BlockIndex()
+@EACH
+def test_dropped_columns_are_reused_and_start_empty(Index: type) -> None:
+    index = Index()
     index.apply("keep", [("store", [1, 2], None)])
     for i in range(500):  # worker churn: register, index, remove
         index.apply(f"gone{i}", [("store", [1, 2, 3, 100 + i], None)])
         index.drop(f"gone{i}")
     assert index.sources() == 1
-    assert index._bits[-1] < 1 << 2  # the point: no new column (bit) per worker ever seen
+    assert index.width() == 2  # the point: no new column (bit) per worker ever seen
     index.apply("new", [("store", [5], None)])
     assert index.longest_prefix([1, 2, 3]) == {"keep": 2}
     assert index.longest_prefix([5]) == {"new": 1} and index.blocks("new") == 1
     index.drop("never-seen")  # a no-op, not an error
 
 
-def test_store_order_is_compacted_and_churn_stays_within_the_bound() -> None:
-    index = BlockIndex(capacity_per_source=1000)
+@EACH
+def test_store_order_is_compacted_and_churn_stays_within_the_bound(Index: type) -> None:
+    index = Index(capacity_per_source=1000)
     rng = np.random.default_rng(0)
     for _ in range(200):  # a worker that evicts what it stored: stale entries must not pile up
         ids = rng.integers(-(2**63), 2**63 - 1, 500, dtype=np.int64).tolist()
         index.apply("w", [("store", ids, None), ("remove", ids[100:], None)])
     assert index.blocks("w") == len(index) <= 1000
     assert index.evictions > 0
-    assert len(index._stored[0]) <= 2 * index.blocks("w") + 64 + 500
+    assert index.stored_entries("w") <= 2 * index.blocks("w") + 64 + 500
 
 
-def test_many_sources_use_wider_masks() -> None:
-    index = BlockIndex()
+@EACH
+def test_many_sources_use_wider_masks(Index: type) -> None:
+    index = Index()
     for i in range(200):
         index.apply(("w", i), [("store", [1, 2, 3][: 1 + i % 3], None)])
     result = index.longest_prefix([1, 2, 3])
     assert len(result) == 200 and sorted(set(result.values())) == [1, 2, 3]
 
 
-def test_bad_input_is_refused() -> None:
+@EACH
+def test_bad_input_is_refused(Index: type) -> None:
     with pytest.raises(ValueError):
-        BlockIndex(capacity_per_source=0)
+        Index(capacity_per_source=0)
     with pytest.raises(ValueError):
-        BlockIndex().apply("w", [("evict", [1], None)])
+        Index().apply("w", [("evict", [1], None)])
+
+
+# Ids a hostile or odd publisher may send, and ids placed to collide in a table keyed by the id itself
+# (multiples of a power of two share every low bit).
+ODD_IDS = [*EDGE_IDS, *(k << 40 for k in range(1, 64)), *(-(k << 52) for k in range(1, 32))]
+DIFF_STEP = st.tuples(
+    st.integers(0, 5),  # source
+    st.sampled_from(["store", "store", "store", "remove", "clear", "drop"]),
+    st.lists(st.sampled_from(ODD_IDS) | st.integers(-(2**63), 2**63 - 1), max_size=24),  # a run, repeats allowed
+    st.none() | st.sampled_from(ODD_IDS),  # parent
+)
+
+
+def observed(index: Any, sources: list[str], chains: list[list[int]]) -> tuple:
+    return (len(index), index.evictions, index.orphans, index.sources(), index.width(),
+            [(index.blocks(s), index.held(s), index.inventory(s)) for s in sources],
+            [index.longest_prefix(c) for c in chains])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(DIFF_STEP, max_size=80), st.integers(1, 40))
+def test_native_answers_as_the_reference_op_for_op(steps: list, capacity: int) -> None:
+    """The same batches to both, every observable compared after each: holdings, store order (a snapshot's
+    inventory), counters, prefix answers, including chains with ids outside int64 (held by nobody)."""
+    native, reference = BlockIndex(capacity_per_source=capacity), ReferenceBlockIndex(capacity_per_source=capacity)
+    sources = [f"w{i}" for i in range(6)]
+    for source, op, run, parent in steps:
+        s = sources[source]
+        if op == "clear":
+            native.clear(s), reference.clear(s)
+        elif op == "drop":
+            native.drop(s), reference.drop(s)
+        else:
+            batch = [(op, run, parent if op == "store" else None)]
+            native.apply(s, batch), reference.apply(s, batch)
+        chains = [run, ODD_IDS[:8], [*run[:3], 2**64, *run[3:]], [-(2**63) - 1, *run]]
+        assert observed(native, sources, chains) == observed(reference, sources, chains)
+
+
+def test_a_million_blocks_in_and_out_leave_the_table_small() -> None:
+    """Churn through the table (grow, backward-shift deletes, shrink) keeps every answer and gives the
+    memory back: a cleared source's slots are not kept."""
+    rng = np.random.default_rng(1)
+    ids = rng.integers(-(2**63), 2**63 - 1, 1 << 20, dtype=np.int64).tolist()
+    tracemalloc.start()  # the native table allocates through PyMem_Raw*, which tracemalloc sees
+    try:
+        native = BlockIndex(capacity_per_source=1 << 21)
+        native.apply("a", [("store", ids, None)])
+        native.apply("b", [("store", ids[:1000], None)])
+        full = tracemalloc.get_traced_memory()[0]
+        assert len(native) == 1 << 20 and native.longest_prefix(ids[:2000]) == {"a": 2000, "b": 1000}
+        native.apply("a", [("remove", ids[1000:], None)])
+        assert len(native) == 1000 and native.longest_prefix(ids[:2000]) == {"a": 1000, "b": 1000}
+        native.clear("a")
+        assert native.longest_prefix(ids[:2000]) == {"b": 1000} and native.held("b") == set(ids[:1000])
+        left = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert full > 16 << 20 and left < full / 50, (full, left)  # 16 MiB of slots at least, then next to none
+
+
+def test_churn_at_a_resize_boundary_does_not_rebuild_the_table_each_batch() -> None:
+    """Two blocks stored and removed, over and over, just where the table grows: at most one resize, not one a
+    batch (a shrink as soon as the load fell under 3/8 of the grown table rebuilt a million slots each time)."""
+    native = BlockIndex(capacity_per_source=1 << 22)
+    grown = 1 << 20
+    native.apply("w", [("store", list(range(1, grown * 3 // 4 + 2)), None)])  # one past 3/4: the table doubles
+    assert native.slots() == 2 * grown
+    native.apply("w", [("remove", [grown * 3 // 4 + 1, grown * 3 // 4], None)])
+    sizes = {native.slots()}
+    for i in range(20):
+        extra = [-1 - 2 * i, -2 - 2 * i]
+        native.apply("w", [("store", extra, None)])
+        sizes.add(native.slots())
+        native.apply("w", [("remove", extra, None)])
+        sizes.add(native.slots())
+    assert sizes == {2 * grown}
+    native.apply("w", [("remove", list(range(1, grown * 3 // 8)), None)])  # the load under 1/4: now it shrinks
+    assert native.slots() < 2 * grown and len(native) * 4 >= native.slots()

@@ -65,8 +65,9 @@ class PrefixIndex(Protocol[S]):
     def held(self, source: S) -> set[int]: ...
 
 
-class BlockIndex(Generic[S]):
-    """Block inventory per source with a per-source capacity bound.
+class ReferenceBlockIndex(Generic[S]):
+    """Block inventory per source with a per-source capacity bound, in pure Python: the reference the
+    native ``BlockIndex`` (``_blockindex.pyx``) is tested against, op for op.
 
     Thread-safe: ``apply`` changes a source under one lock, so a query never sees half a batch.
     The capacity is a memory safety net: SGLang reports its own evictions as removals, the bound
@@ -202,6 +203,17 @@ class BlockIndex(Generic[S]):
         """Distinct block ids held by any source."""
         return len(self._holders)
 
+    def width(self) -> int:
+        """Columns ever allocated: the width of a mask (a dropped source's column is reused, not added)."""
+        with self._lock:
+            return len(self._sources)
+
+    def stored_entries(self, source: S) -> int:
+        """Store-order entries ``source`` keeps, stale ones included (what compaction bounds)."""
+        with self._lock:
+            col = self._columns.get(source)
+            return 0 if col is None else len(self._stored[col])
+
     def _column(self, source: S) -> int:
         col = self._columns.get(source)
         if col is not None:
@@ -237,8 +249,10 @@ class BlockIndex(Generic[S]):
         size = len(holders)
         if not any(map(holders.__contains__, hashes)):  # blocks new to the index: at C speed
             holders.update(zip(hashes, repeat(bit)))
-            stored += hashes
             added = len(holders) - size
+            # An id repeated within the run (no real chain has one) keeps its first place: the trim must
+            # not take the repeat as the newest store and evict a block whose child stays held.
+            stored += hashes if added == len(hashes) else dict.fromkeys(hashes)
         else:
             get = holders.get
             added = 0
@@ -310,3 +324,10 @@ class BlockIndex(Generic[S]):
         self._remove(col, stored)
         stored.clear()
         self._counts[col] = 0
+
+
+try:
+    from cacheon.kv._blockindex import BlockIndex as BlockIndex
+except ImportError as exc:  # a source tree nobody built
+    raise ImportError("cacheon.kv: the native block index is not built; `pip install -e .` compiles it "
+                      "(it needs a C compiler; Cython comes as a build requirement)") from exc

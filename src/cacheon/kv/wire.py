@@ -9,11 +9,12 @@ real publisher sends (a non-finite timestamp, a block size, page or token count 
 operations (``operations``).
 
 Token ids, most of a per-page payload, are not made into Python ints: each BlockStored's
-``token_ids`` stays raw msgpack, and one compiled pattern checks that it is an array of u32s in
-the encodings msgpack uses for them (``_TOKEN_ARRAY``). The pattern accepts a subset of what
-the contract's typed decoder accepts; a payload it does not recognise goes to that typed decoder
-(``typed_batch``), whose verdict stands. So a batch is accepted, or rejected with its reason and
-detail, exactly as a decoder building every token would (tests/kv/test_kv_wire_properties.py).
+``token_ids`` stays raw msgpack, and one pass in C (``_events.scan``, with the bounds) checks that
+it is an array of u32s in the encodings msgpack writers use for them (positive fixints, uint 8,
+uint 16, uint 32). That accepts a subset of what the contract's typed decoder accepts; a payload it
+does not recognise goes to that typed decoder (``typed_batch``), whose verdict stands. So a batch is
+accepted, or rejected with its reason and detail, exactly as a decoder building every token would
+(tests/kv/test_kv_wire_properties.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import functools
 import math
 import operator
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -30,6 +30,7 @@ from typing import Annotated, Any, cast
 import msgspec
 from msgspec import Meta
 
+from cacheon.kv import _events
 from cacheon.kv.contracts import Encoding, WireContract
 from cacheon.kv.events import (
     AllBlocksCleared,
@@ -93,12 +94,6 @@ class DecodedBatch:
     events: Sequence[KvEvent]
 
 
-# One msgpack array of u32s: its header (fixarray, array 16, array 32), then positive fixints,
-# uint 8, uint 16 and uint 32, the encodings msgpack writers use for them. (Valid but unusual
-# ones, a uint 64 or a non-negative int 8, are left to the typed decoder.)
-_TOKEN_ARRAY = re.compile(rb"(?:[\x90-\x9f]|\xdc..|\xdd....)(?:[\x00-\x7f]|\xcc.|\xcd..|\xce....)*", re.DOTALL)
-
-
 @functools.cache
 def typed_batch(batch: type[EventBatch]) -> type[EventBatch]:
     """``batch`` with its BlockStored's ``token_ids`` typed as the contract's token list (u32; 0.5.22+
@@ -136,9 +131,10 @@ class WireDecoder:
             batch = None
         except RecursionError:
             raise WireReject(DECODE_ERROR, "payload nests too deeply") from None
-        stored = self._stored
-        if batch is None or not all(map(_TOKEN_ARRAY.fullmatch, [e.token_ids for e in batch.events
-                                                                 if type(e) is stored])):
+        b = self.bounds
+        flags = _events.UNUSUAL_TOKENS if batch is None else _events.scan(
+            batch.events, self._stored, b.max_block_size, b.max_tokens, b.max_pages)
+        if flags & _events.UNUSUAL_TOKENS:
             try:  # the typed decoder's verdict: a reject with its reason, or a rare valid encoding
                 self._typed.decode(payload)
             except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
@@ -149,13 +145,12 @@ class WireDecoder:
             raise WireReject(DECODE_ERROR, "the payload decodes only with typed token ids")
         if batch.attn_dp_rank != rank:
             raise WireReject(RANK_MISMATCH, f"batch attn_dp_rank={batch.attn_dp_rank}, socket rank={rank}")
-        problem = self._out_of_bounds(batch.ts, batch.events)
-        if problem is not None:
-            raise WireReject(OUT_OF_BOUNDS, problem)
+        if flags & _events.PAST_BOUNDS or not math.isfinite(batch.ts) or len(batch.events) > b.max_events:
+            raise WireReject(OUT_OF_BOUNDS, self._out_of_bounds(batch.ts, batch.events))
         return DecodedBatch(batch.ts, rank, batch.events)
 
-    def _out_of_bounds(self, ts: float, events: Sequence[KvEvent]) -> str | None:
-        """What in a decoded batch is past the bounds, or None."""
+    def _out_of_bounds(self, ts: float, events: Sequence[KvEvent]) -> str:
+        """What in a decoded batch is past the bounds (the first, in order), for a batch ``scan`` flagged."""
         b = self.bounds
         if not math.isfinite(ts):
             return f"timestamp {ts} is not finite"
@@ -169,7 +164,7 @@ class WireDecoder:
                     return _store_bounds(ev, b)
             elif len(getattr(ev, "block_hashes", ())) > b.max_pages:
                 return f"a BlockRemoved of {len(cast(BlockRemoved, ev).block_hashes)} block ids, bound {b.max_pages}"
-        return None
+        raise AssertionError("scan flagged a batch past its bounds that this pass finds within them")
 
     def _diagnose(self, payload: bytes, exc: msgspec.DecodeError) -> WireReject:
         """Slow path: is this another wire shape, or broken bytes/values?"""
@@ -231,7 +226,14 @@ def _store_bounds(ev: BlockStored, b: WireBounds) -> str:
 
 
 def operations(events: Sequence[KvEvent]) -> tuple[list[Operation], int]:
-    """Version-neutral index operations for decoded events, and how many were skipped.
+    """Version-neutral index operations for decoded events, and how many were skipped: ``reference_operations``
+    in C (``_events.operations``), which the feeds call per batch."""
+    return _events.operations(events, _OPS, _op, DEVICE_MEDIA, _STORE, _CLEAR)
+
+
+def reference_operations(events: Sequence[KvEvent]) -> tuple[list[Operation], int]:
+    """Version-neutral index operations for decoded events, and how many were skipped (the reference
+    the native ``operations`` is tested against).
 
     Consecutive removals merge into one operation, and so do consecutive stores that continue one
     chain (each event's parent is the previous one's last block: the per-page wire's pages of one

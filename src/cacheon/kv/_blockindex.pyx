@@ -1,0 +1,451 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""``BlockIndex`` with its table in C: the same rules and answers as ``cacheon.kv.index.ReferenceBlockIndex``
+(whose docstrings say what the index keeps and why), tested against it op for op.
+
+Where the reference keeps a dict of Python ints (an id object, a dict entry and its index: ~80 bytes a
+block) and a list of those ids per source, this keeps an open-addressing table of (int64 id, mask)
+slots, 16 bytes each at a load of 1/4 to 3/4, and each source's store order as an int64 array. The
+masks stay Python ints (a source's bit object shared by every block it alone holds), so any number of
+sources fits. Slots are placed by a seeded mix of the id: the ids come from workers, and a table
+placed by the id itself (as a dict of ints is) lets crafted ids collide.
+
+Memory comes from ``PyMem_Raw*``, which tracemalloc sees, so the memory benchmark counts it.
+"""
+
+import os
+import threading
+
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawRealloc
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF
+from libc.stdint cimport int64_t, uint64_t
+
+cdef enum:
+    MIN_SLOTS = 64
+
+cdef struct Slot:
+    int64_t key
+    PyObject* mask  # NULL: an empty slot; otherwise a strong reference
+
+
+cdef inline size_t _home(int64_t key, uint64_t seed, size_t last) noexcept nogil:
+    """splitmix64's finaliser over the seeded id: a bijection, so distinct ids spread evenly."""
+    cdef uint64_t z = (<uint64_t>key) ^ seed
+    z = (z ^ (z >> 30)) * <uint64_t>0xbf58476d1ce4e5b9
+    z = (z ^ (z >> 27)) * <uint64_t>0x94d049bb133111eb
+    return <size_t>((z ^ (z >> 31)) & last)
+
+
+cdef inline bint _as_id(object value, int64_t* out) except -1:
+    """``value`` as an int64 id; False where it is outside int64 (no block can have it)."""
+    cdef int overflow = 0
+    cdef long long got = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow:
+        return False
+    out[0] = got
+    return True
+
+
+cdef class _Ids:
+    """One source's ids in store order (removed ones included until compacted): an int64 array."""
+
+    cdef int64_t* ids
+    cdef Py_ssize_t n, cap
+
+    def __dealloc__(self):
+        PyMem_RawFree(self.ids)
+
+    cdef int append(self, int64_t key) except -1:
+        cdef Py_ssize_t cap
+        cdef int64_t* grown
+        if self.n == self.cap:
+            cap = self.cap + (self.cap >> 1) + 16
+            grown = <int64_t*>PyMem_RawRealloc(self.ids, cap * sizeof(int64_t))
+            if grown == NULL:
+                raise MemoryError()
+            self.ids, self.cap = grown, cap
+        self.ids[self.n] = key
+        self.n += 1
+        return 0
+
+    cdef void reset(self) noexcept:
+        PyMem_RawFree(self.ids)
+        self.ids, self.n, self.cap = NULL, 0, 0
+
+
+cdef class BlockIndex:
+    """Block inventory per source with a per-source capacity bound (``ReferenceBlockIndex``'s, natively)."""
+
+    cdef Slot* _slots
+    cdef size_t _size, _used  # slots (a power of two), slots in use
+    cdef uint64_t _seed
+    cdef readonly Py_ssize_t capacity_per_source
+    cdef readonly Py_ssize_t evictions, orphans
+    cdef dict _columns, _single
+    cdef list _sources, _free, _bits, _stored, _counts
+    cdef object _lock
+
+    def __cinit__(self, Py_ssize_t capacity_per_source=1 << 20):
+        if capacity_per_source < 1:
+            raise ValueError("capacity_per_source must be >= 1")
+        self._slots = <Slot*>PyMem_RawCalloc(MIN_SLOTS, sizeof(Slot))
+        if self._slots == NULL:
+            raise MemoryError()
+        self._size, self._used = MIN_SLOTS, 0
+        self._seed = int.from_bytes(os.urandom(8), "little")
+        self.capacity_per_source = capacity_per_source
+        self.evictions = self.orphans = 0
+        self._columns, self._single = {}, {}
+        self._sources, self._free, self._bits, self._stored, self._counts = [], [], [], [], []
+        self._lock = threading.Lock()
+
+    def __dealloc__(self):
+        cdef size_t i
+        if self._slots != NULL:
+            for i in range(self._size):
+                if self._slots[i].mask != NULL:
+                    Py_DECREF(<object>self._slots[i].mask)
+            PyMem_RawFree(self._slots)
+
+    def __class_getitem__(cls, item):
+        return cls  # BlockIndex[Source] in annotations, as the reference's Generic
+
+    # -- the table ---------------------------------------------------------------------------------
+
+    cdef inline Slot* _slot(self, int64_t key) noexcept:
+        """Where ``key`` is, or the empty slot where it would go."""
+        cdef size_t last = self._size - 1
+        cdef size_t i = _home(key, self._seed, last)
+        cdef Slot* s = &self._slots[i]
+        while s.mask != NULL and s.key != key:
+            i = (i + 1) & last
+            s = &self._slots[i]
+        return s
+
+    cdef inline PyObject* _get(self, object value) except? NULL:
+        """The mask of a block id (any int), NULL where nobody holds it."""
+        cdef int64_t key
+        if not _as_id(value, &key):
+            return NULL
+        return self._slot(key).mask
+
+    cdef int _resize(self, size_t size) except -1:
+        cdef Slot* old = self._slots
+        cdef size_t n = self._size, i, j, last = size - 1
+        cdef Slot* fresh = <Slot*>PyMem_RawCalloc(size, sizeof(Slot))
+        if fresh == NULL:
+            raise MemoryError()
+        for i in range(n):
+            if old[i].mask != NULL:
+                j = _home(old[i].key, self._seed, last)
+                while fresh[j].mask != NULL:
+                    j = (j + 1) & last
+                fresh[j] = old[i]
+        PyMem_RawFree(old)
+        self._slots, self._size = fresh, size
+        return 0
+
+    cdef int _room(self) except -1:
+        """Grow before an insert would pass a load of 3/4."""
+        if (self._used + 1) * 4 > self._size * 3:
+            self._resize(self._size * 2)
+        return 0
+
+    cdef int _shrink(self) except -1:
+        """After removals, below a load of 1/4: halve until it is at least that (a table that held a cleared
+        source's blocks). Growth leaves a load of 3/8 and a shrink one under 1/2, so a resize is always a
+        quarter of the table's slots of stores or removals away from the next: churn at a boundary costs no
+        rehash per batch (a shrink at 3/8 did: storing and removing two blocks there rebuilt 2M slots each time)."""
+        cdef size_t size = self._size
+        while size > MIN_SLOTS and self._used * 4 < size:
+            size >>= 1
+        if size < self._size:
+            self._resize(size)
+        return 0
+
+    cdef void _delete(self, Slot* at) noexcept:
+        """Empty ``at`` (its reference already given up) by backward shift: linear probing needs no tombstones."""
+        cdef size_t last = self._size - 1
+        cdef size_t hole = at - self._slots, j = hole, home
+        while True:
+            j = (j + 1) & last
+            if self._slots[j].mask == NULL:
+                break
+            home = _home(self._slots[j].key, self._seed, last)
+            if ((j - home) & last) >= ((j - hole) & last):  # the hole lies on its probe path: move it back
+                self._slots[hole] = self._slots[j]
+                hole = j
+        self._slots[hole].mask = NULL
+        self._used -= 1
+
+    cdef inline void _set(self, Slot* at, object mask) noexcept:
+        Py_INCREF(mask)
+        Py_DECREF(<object>at.mask)
+        at.mask = <PyObject*>mask
+
+    cdef bint _take(self, Slot* at, object bit) except -1:
+        """Take ``bit`` out of the block at ``at``; False if it did not have it."""
+        cdef object held
+        if at.mask == NULL:
+            return False
+        held = <object>at.mask
+        if not held & bit:
+            return False
+        if held == bit:
+            Py_DECREF(held)
+            self._delete(at)
+        else:
+            kept = held ^ bit
+            self._set(at, self._single.get(kept, kept))
+        return True
+
+    # -- the index ---------------------------------------------------------------------------------
+
+    def apply(self, source, ops):
+        """Apply one batch's operations for ``source``, in order, as one step."""
+        with self._lock:
+            col = self._column(source)
+            for op, hashes, parent in ops:
+                if op == "store":
+                    self._store(col, hashes, parent)
+                elif op == "remove":
+                    self._remove(col, hashes)
+                elif op == "clear":
+                    self._clear(col)
+                else:
+                    raise ValueError(f"unknown index operation {op!r}")
+
+    def clear(self, source):
+        """Forget everything ``source`` holds (worker restart, unrecoverable gap)."""
+        self.apply(source, [("clear", (), None)])
+
+    def drop(self, source):
+        """Forget ``source`` entirely (worker removed): its blocks, and its column for the next source."""
+        with self._lock:
+            col = self._columns.pop(source, None)
+            if col is None:
+                return
+            self._clear(col)
+            self._sources[col] = None
+            self._free.append(col)
+
+    def sources(self):
+        """How many sources have a column now (dropped ones excluded)."""
+        with self._lock:
+            return len(self._columns)
+
+    def longest_prefix(self, chain):
+        """For each source holding the chain's first block: how many leading blocks it holds (the
+        reference's bisection over the prefix property)."""
+        cdef Py_ssize_t n = len(chain), lo, hi, mid, end, a, b
+        cdef PyObject* got
+        out = {}
+        if not n:
+            return out
+        with self._lock:
+            got = self._get(chain[0])
+            if got == NULL:
+                return out
+            first = <object>got
+            got = self._get(chain[n - 1])
+            end = n
+            if got == NULL:  # held at lo, nobody at hi
+                lo, hi = 0, n - 1
+                while hi - lo > 1:
+                    mid = (lo + hi) >> 1
+                    if self._get(chain[mid]) != NULL:
+                        lo = mid
+                    else:
+                        hi = mid
+                end = hi
+                last = <object>self._get(chain[lo])
+            else:
+                last = <object>got
+            spans = [(0, first, end - 1, last)] if first != last else []
+            while spans:
+                a, at_a, b, at_b = spans.pop()
+                if b - a == 1:
+                    self._record(at_a ^ at_b, b, out)
+                    continue
+                mid = (a + b) >> 1
+                got = self._get(chain[mid])
+                at_mid = 0 if got == NULL else <object>got
+                if at_mid != at_b:
+                    spans.append((mid, at_mid, b, at_b))
+                if at_a != at_mid:
+                    spans.append((a, at_a, mid, at_mid))
+            self._record(last, end, out)
+        return out
+
+    def blocks(self, source):
+        """How many blocks ``source`` holds now."""
+        with self._lock:
+            col = self._columns.get(source)
+            return 0 if col is None else self._counts[col]
+
+    def held(self, source):
+        """The ids ``source`` holds now, a snapshot (for digests, not for routing)."""
+        cdef _Ids ids
+        cdef Py_ssize_t i
+        cdef PyObject* got
+        with self._lock:
+            col = self._columns.get(source)
+            if col is None:
+                return set()
+            bit, ids = self._bits[col], self._stored[col]
+            out = set()
+            for i in range(ids.n):
+                got = self._slot(ids.ids[i]).mask
+                if got != NULL and <object>got & bit:
+                    out.add(ids.ids[i])
+            return out
+
+    def inventory(self, source):
+        """The ids ``source`` holds, each once, in store order (a snapshot's load rebuilds the same holdings)."""
+        cdef _Ids ids
+        cdef Py_ssize_t i
+        with self._lock:
+            col = self._columns.get(source)
+            if col is None:
+                return []
+            self._compact(col)
+            ids = self._stored[col]
+            return [ids.ids[i] for i in range(ids.n)]
+
+    def __len__(self):
+        """Distinct block ids held by any source."""
+        return self._used
+
+    def slots(self):
+        """The table's slot count (16 bytes each): its memory, and what its resizes change."""
+        return self._size
+
+    def width(self):
+        """Columns ever allocated: the width of a mask (a dropped source's column is reused, not added)."""
+        with self._lock:
+            return len(self._sources)
+
+    def stored_entries(self, source):
+        """Store-order entries ``source`` keeps, stale ones included (what compaction bounds)."""
+        cdef _Ids ids
+        with self._lock:
+            col = self._columns.get(source)
+            if col is None:
+                return 0
+            ids = self._stored[col]
+            return ids.n
+
+    cdef object _column(self, object source):
+        col = self._columns.get(source)
+        if col is not None:
+            return col
+        if self._free:  # a dropped column holds nothing: its bit is in no mask
+            col = self._free.pop()
+            self._sources[col] = source
+        else:
+            col = len(self._sources)
+            self._sources.append(source)
+            bit = 1 << col
+            self._bits.append(bit)
+            self._single[bit] = bit
+            self._stored.append(_Ids())
+            self._counts.append(0)
+        self._columns[source] = col
+        return col
+
+    cdef int _record(self, object mask, Py_ssize_t length, dict out) except -1:
+        while mask:
+            low = mask & -mask
+            out[self._sources[low.bit_length() - 1]] = length
+            mask ^= low
+        return 0
+
+    cdef int _store(self, Py_ssize_t col, object hashes, object parent) except -1:
+        cdef object bit = self._bits[col]
+        cdef _Ids ids = self._stored[col]
+        cdef Py_ssize_t added = 0, count
+        cdef int64_t key
+        cdef Slot* at
+        cdef PyObject* got
+        if parent is not None:
+            got = self._get(parent)
+            if got == NULL or not <object>got & bit:
+                self.orphans += len(hashes)
+                return 0
+        for h in hashes:
+            if not _as_id(h, &key):
+                raise OverflowError(f"block id {h} is outside int64")
+            at = self._slot(key)
+            if at.mask == NULL:
+                self._room()
+                at = self._slot(key)  # the table may have grown
+                Py_INCREF(bit)  # the shared bit object: no new int for a single holder
+                at.key, at.mask = key, <PyObject*>bit
+                self._used += 1
+            elif <object>at.mask & bit:
+                continue
+            else:
+                self._set(at, <object>at.mask | bit)
+            ids.append(key)
+            added += 1
+        count = self._counts[col] + added
+        self._counts[col] = count
+        if count > self.capacity_per_source:
+            self._trim(col, count - self.capacity_per_source)
+        elif ids.n > 2 * count + 64:
+            self._compact(col)
+        return 0
+
+    cdef int _trim(self, Py_ssize_t col, Py_ssize_t excess) except -1:
+        """Remove ``excess`` held blocks, most recently stored first (only leaves: the reference says why)."""
+        cdef object bit = self._bits[col]
+        cdef _Ids ids = self._stored[col]
+        cdef Py_ssize_t trimmed = 0
+        while trimmed < excess and ids.n:
+            ids.n -= 1
+            if self._take(self._slot(ids.ids[ids.n]), bit):
+                trimmed += 1
+        self._counts[col] -= trimmed
+        self.evictions += trimmed
+        return 0
+
+    cdef int _compact(self, Py_ssize_t col) except -1:
+        """Keep only the newest entry of each block the source still holds, in store order."""
+        cdef object bit = self._bits[col]
+        cdef _Ids ids = self._stored[col]
+        cdef Py_ssize_t i, start = ids.n  # the kept entries, newest first, fill the array from its end
+        cdef PyObject* got
+        seen = set()
+        for i in range(ids.n - 1, -1, -1):
+            got = self._slot(ids.ids[i]).mask
+            if got != NULL and <object>got & bit and ids.ids[i] not in seen:
+                seen.add(ids.ids[i])
+                start -= 1
+                ids.ids[start] = ids.ids[i]
+        ids.n -= start
+        for i in range(ids.n):
+            ids.ids[i] = ids.ids[start + i]
+        return 0
+
+    cdef int _remove(self, Py_ssize_t col, object hashes) except -1:
+        cdef object bit = self._bits[col]
+        cdef Py_ssize_t removed = 0
+        cdef int64_t key
+        for h in hashes:
+            if _as_id(h, &key) and self._take(self._slot(key), bit):
+                removed += 1
+        self._counts[col] -= removed
+        self._shrink()
+        return 0
+
+    cdef int _clear(self, Py_ssize_t col) except -1:
+        cdef object bit = self._bits[col]
+        cdef _Ids ids = self._stored[col]
+        cdef Py_ssize_t i
+        for i in range(ids.n):  # every block the source holds has an entry here
+            self._take(self._slot(ids.ids[i]), bit)
+        ids.reset()
+        self._counts[col] = 0
+        self._shrink()
+        return 0
