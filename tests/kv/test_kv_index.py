@@ -319,3 +319,47 @@ def test_churn_at_a_resize_boundary_does_not_rebuild_the_table_each_batch() -> N
     assert sizes == {2 * grown}
     native.apply("w", [("remove", list(range(1, grown * 3 // 8)), None)])  # the load under 1/4: now it shrinks
     assert native.slots() < 2 * grown and len(native) * 4 >= native.slots()
+
+
+@EACH
+def test_a_full_source_keeps_its_store_order_bounded(Index: Any) -> None:
+    """A source at its bound that removes its oldest block and stores two, over and over (a worker whose cache is
+    larger than the bound): each store trims, and the removed blocks' entries, in the middle of the store order where
+    the trim never reaches, are compacted away rather than piling up."""
+    index = Index(capacity_per_source=100)
+    index.apply("w", [("store", list(range(100)), None)])
+    oldest, new = 0, 100
+    for _ in range(2000):
+        index.apply("w", [("remove", [oldest], None), ("store", [new, new + 1], None)])
+        oldest, new = oldest + 1, new + 2
+    assert index.blocks("w") == 100 and index.stored_entries("w") <= 2 * 100 + 64
+
+
+def test_the_native_table_refuses_a_batch_it_cannot_hold_and_changes_nothing() -> None:
+    """Ids are int64 (the wire's and the snapshot's type): a batch with another id is refused whole, before any of
+    its operations, so no count or bound is left half-updated."""
+    native = BlockIndex(capacity_per_source=2)
+    native.apply("w", [("store", [1, 2], None)])
+    for batch, error in [([("store", [3, 4, 2**64], None)], OverflowError),
+                         ([("remove", [1], None), ("remove", [2, 1.0], None)], TypeError),
+                         ([("remove", [1], None), ("store", [5], "x")], TypeError),
+                         ([("clear", (), None), ("evict", [1], None)], ValueError)]:
+        with pytest.raises(error):
+            native.apply("w", batch)
+        assert (len(native), native.blocks("w"), native.held("w"), native.evictions) == (2, 2, {1, 2}, 0)
+
+
+def test_a_query_reads_only_ints_so_no_python_code_runs_mid_query() -> None:
+    """A chain element that is not an int is held by nobody, and its ``__index__`` is never called (one that answered
+    differently on a second call once made the bisection read an empty slot)."""
+    class Flaky:
+        calls = 0
+
+        def __index__(self) -> int:
+            Flaky.calls += 1
+            return 7 if Flaky.calls == 1 else 8
+
+    native = BlockIndex()
+    native.apply("w", [("store", [7], None)])
+    assert native.longest_prefix([Flaky(), 7]) == {} and Flaky.calls == 0
+    assert native.longest_prefix([7, Flaky()]) == {"w": 1}

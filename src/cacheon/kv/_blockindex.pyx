@@ -15,7 +15,7 @@ Memory comes from ``PyMem_Raw*``, which tracemalloc sees, so the memory benchmar
 import os
 import threading
 
-from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.long cimport PyLong_AsLongLongAndOverflow, PyLong_Check
 from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawRealloc
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_INCREF
@@ -38,13 +38,26 @@ cdef inline size_t _home(int64_t key, uint64_t seed, size_t last) noexcept nogil
 
 
 cdef inline bint _as_id(object value, int64_t* out) except -1:
-    """``value`` as an int64 id; False where it is outside int64 (no block can have it)."""
+    """``value`` as an int64 id; False where it is not an int or is outside int64 (no block can have it). Only an
+    int's own value is read: no ``__index__`` runs, so no Python code can change the table mid-query."""
     cdef int overflow = 0
+    if not PyLong_Check(value):
+        return False
     cdef long long got = PyLong_AsLongLongAndOverflow(value, &overflow)
     if overflow:
         return False
     out[0] = got
     return True
+
+
+cdef inline int _check_id(object value) except -1:
+    """Refuse an id the table cannot hold (the reference would store any hashable; the types say int64)."""
+    cdef int64_t key
+    if not PyLong_Check(value):
+        raise TypeError(f"block id {value!r} is not an int")
+    if not _as_id(value, &key):
+        raise OverflowError(f"block id {value} is outside int64")
+    return 0
 
 
 cdef class _Ids:
@@ -203,7 +216,16 @@ cdef class BlockIndex:
     # -- the index ---------------------------------------------------------------------------------
 
     def apply(self, source, ops):
-        """Apply one batch's operations for ``source``, in order, as one step."""
+        """Apply one batch's operations for ``source``, in order, as one step: every id is checked first (an int
+        within int64), so a batch this table cannot hold changes nothing."""
+        ops = [(op, hashes if isinstance(hashes, (list, tuple)) else list(hashes), parent) for op, hashes, parent in ops]
+        for op, hashes, parent in ops:
+            if op != "store" and op != "remove" and op != "clear":
+                raise ValueError(f"unknown index operation {op!r}")
+            if parent is not None:
+                _check_id(parent)
+            for h in hashes:
+                _check_id(h)
         with self._lock:
             col = self._column(source)
             for op, hashes, parent in ops:
@@ -211,10 +233,8 @@ cdef class BlockIndex:
                     self._store(col, hashes, parent)
                 elif op == "remove":
                     self._remove(col, hashes)
-                elif op == "clear":
-                    self._clear(col)
                 else:
-                    raise ValueError(f"unknown index operation {op!r}")
+                    self._clear(col)
 
     def clear(self, source):
         """Forget everything ``source`` holds (worker restart, unrecoverable gap)."""
@@ -240,11 +260,12 @@ cdef class BlockIndex:
         reference's bisection over the prefix property)."""
         cdef Py_ssize_t n = len(chain), lo, hi, mid, end, a, b
         cdef PyObject* got
+        cdef PyObject* at_lo
         out = {}
         if not n:
             return out
         with self._lock:
-            got = self._get(chain[0])
+            got = at_lo = self._get(chain[0])
             if got == NULL:
                 return out
             first = <object>got
@@ -254,12 +275,13 @@ cdef class BlockIndex:
                 lo, hi = 0, n - 1
                 while hi - lo > 1:
                     mid = (lo + hi) >> 1
-                    if self._get(chain[mid]) != NULL:
-                        lo = mid
+                    got = self._get(chain[mid])
+                    if got != NULL:
+                        lo, at_lo = mid, got
                     else:
                         hi = mid
                 end = hi
-                last = <object>self._get(chain[lo])
+                last = <object>at_lo
             else:
                 last = <object>got
             spans = [(0, first, end - 1, last)] if first != last else []
@@ -374,8 +396,7 @@ cdef class BlockIndex:
                 self.orphans += len(hashes)
                 return 0
         for h in hashes:
-            if not _as_id(h, &key):
-                raise OverflowError(f"block id {h} is outside int64")
+            _as_id(h, &key)  # apply checked every id first
             at = self._slot(key)
             if at.mask == NULL:
                 self._room()
@@ -393,7 +414,7 @@ cdef class BlockIndex:
         self._counts[col] = count
         if count > self.capacity_per_source:
             self._trim(col, count - self.capacity_per_source)
-        elif ids.n > 2 * count + 64:
+        if ids.n > 2 * self._counts[col] + 64:  # after a trim too (the reference says why)
             self._compact(col)
         return 0
 

@@ -269,7 +269,9 @@ class ReferenceBlockIndex(Generic[S]):
         count = self._counts[col] = self._counts[col] + added
         if count > self.capacity_per_source:
             self._trim(col, count - self.capacity_per_source)
-        elif len(stored) > 2 * count + 64:
+        # After a trim too: a full source that removes old blocks and stores new ones leaves its stale entries in the
+        # middle, where the trim (from the end) never reaches them.
+        if len(stored) > 2 * self._counts[col] + 64:
             self._compact(col)
 
     def _trim(self, col: int, excess: int) -> None:

@@ -14,7 +14,9 @@ it is an array of u32s in the encodings msgpack writers use for them (positive f
 uint 16, uint 32). That accepts a subset of what the contract's typed decoder accepts; a payload it
 does not recognise goes to that typed decoder (``typed_batch``), whose verdict stands. So a batch is
 accepted, or rejected with its reason and detail, exactly as a decoder building every token would
-(tests/kv/test_kv_wire_properties.py).
+(tests/kv/test_kv_wire_properties.py), with one known difference: a map-encoded event (0.5.22+) that
+repeats its ``token_ids`` key is judged by the last value only (msgspec keeps the last; the typed
+decoder validates each). No writer repeats a key, and the index never reads token ids.
 """
 
 from __future__ import annotations
