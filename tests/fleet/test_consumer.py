@@ -50,9 +50,9 @@ def test_only_this_workers_well_formed_envelopes_reach_the_index(nats_shared, pl
         asyncio.run(_publish(nats_shared.url, stream, [
             (on_a, envelope_encoder.encode(reset)),
             (on_a, envelope_encoder.encode(Envelope(Kind.BATCH, A, 0, "r", PIN.id, epoch=1, seq=0,
-                                                    payload=_payload(11, 12)))),
+                                                    payloads=(_payload(11, 12),)))),
             (on_a, envelope_encoder.encode(Envelope(Kind.BATCH, "worker-b", 0, "r", PIN.id, epoch=1, seq=1,
-                                                    payload=_payload(99)))),  # another worker's, on A's subject
+                                                    payloads=(_payload(99),)))),  # another worker's, on A's subject
             (on_a, b"\x93not an envelope"),
         ]))
         wait_until(lambda: consumer.malformed == 2, f"both refused: {consumer.malformed}", 10)

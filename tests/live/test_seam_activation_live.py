@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from cacheon.sim.launch import free_port
 from tests.engines import activation_proof as proof
 
 ARMED = os.environ.get("CACHEON_LIVE_SERVE_TESTS") == "1"
@@ -64,12 +64,6 @@ def serve() -> Serve:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _post(url: str, body: dict, timeout: float) -> dict:
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -79,7 +73,7 @@ def _post(url: str, body: dict, timeout: float) -> dict:
 def _boot(serve: Serve, bundle: Path | None, receipts: Path) -> list[list[int]]:
     """Boot the image (armed with ``bundle`` or not), wait for health, return the greedy token ids of
     every prompt."""
-    port = _free_port()
+    port = free_port()
     name = f"cacheon-live-{os.getpid()}-{port}"
     command = [
         "docker",

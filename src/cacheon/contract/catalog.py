@@ -167,11 +167,14 @@ ATTENTION_DECODE = SlotSpec(
     summary="per sequence b: softmax(q_b K_b[:seq_lens[b]]^T * sm_scale) V_b[:seq_lens[b]], GQA",
 )
 
-# Expert sums reorder many products; judge by the share of elements within tolerance.
+# Expert sums reorder many products; judge by the share of elements within tolerance. In float32 the bound also
+# grows with the input's own rounding (verify/rounding.py): under heavy-tailed draws an honest kernel's error
+# reached 1.7x the fixed bound; over 3,000 such draws its largest error was at most 6.3x that of the reference
+# evaluated in float32 (p99.9 4.8x), hence 8x.
 _MOE = Comparator(
     "matched_ratio",
     {
-        "float32": Tolerance(atol=1e-4, rtol=1e-4, min_ratio=0.999),
+        "float32": Tolerance(atol=1e-4, rtol=1e-4, min_ratio=0.999, rounding=8.0),
         "bfloat16": Tolerance(atol=2e-2, rtol=2e-2, min_ratio=0.99),
         "float16": Tolerance(atol=3e-3, rtol=3e-3, min_ratio=0.99),
     },

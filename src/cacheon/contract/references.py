@@ -6,15 +6,31 @@ candidate is judged against mathematics, not against another implementation's ro
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 
+#: what the references compute in: float64, except inside ``evaluated_in`` (never the judgement's reference)
+_PRECISION: ContextVar[torch.dtype] = ContextVar("reference_precision", default=torch.float64)
+
+
+@contextlib.contextmanager
+def evaluated_in(dtype: torch.dtype) -> Iterator[None]:
+    """The same formulas in ``dtype``: how far they land from float64 on an input is the rounding an honest
+    accumulation in ``dtype`` makes there (``cacheon.verify.rounding``), never a reference to judge by."""
+    token = _PRECISION.set(dtype)
+    try:
+        yield
+    finally:
+        _PRECISION.reset(token)
+
 
 def _f64(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to(device="cpu", dtype=torch.float64)
+    return t.detach().to(device="cpu", dtype=_PRECISION.get())
 
 
 def silu_and_mul(inputs: Mapping[str, torch.Tensor], scalars: Mapping[str, Any]) -> dict[str, torch.Tensor]:

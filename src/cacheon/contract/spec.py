@@ -70,10 +70,15 @@ class Tolerance:
     min_cosine: float = 1.0
     norm_rtol: float = 0.0
     topk: int = 0
+    #: times the reference's own float32 rounding on the call's input (its largest error against float64,
+    #: per output) added to ``atol``: where honest error grows with the input through cancelling sums (MoE
+    #: experts under heavy-tailed activations), which a fixed atol cannot bound. 0: a fixed bound.
+    rounding: float = 0.0
 
     def describe(self) -> dict[str, str]:
-        # Floats are not canonical JSON; repr() is exact and stable for Python floats.
-        return {k: repr(v) for k, v in sorted(self.__dict__.items())}
+        # Floats are not canonical JSON; repr() is exact and stable for Python floats. A rounding left at 0 is
+        # not described, so the slots that do not use it keep the digest they had before it existed.
+        return {k: repr(v) for k, v in sorted(self.__dict__.items()) if k != "rounding" or v}
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,13 @@
 """What travels on the event plane: typed msgpack envelopes around the workers' own batches.
 
-A batch envelope carries the publisher's *raw accepted payload*, not re-encoded events: the
-relay decodes it strictly to accept it, and every gateway decodes the same bytes again with the
+A batch envelope carries the publisher's *raw accepted payloads*, not re-encoded events: the
+relay decodes each strictly to accept it, and every gateway decodes the same bytes again with the
 same contract, so the plane adds no second event format to keep in step with SGLang's, a gateway
 never trusts a relay's decoding, and the attestation ladder's echoes and the index see exactly
-what a direct subscription would.
+what a direct subscription would. One envelope holds a run of one rank's consecutive batches (publisher
+sequences ``seq``, ``seq + 1``, ...: a hole cannot be expressed inside one), as many as the relay had
+waiting: the plane's cost is per message (the client's publish and acknowledgement, ~80 µs), so a
+burst costs one, and nothing waits to fill an envelope.
 
 A reset marks a new *epoch* of one (worker, rank): the publisher restarted, a hole could not be
 replayed, or a relay (re)started following it. Its epoch is the stream sequence of the reset
@@ -17,6 +20,8 @@ from __future__ import annotations
 from enum import StrEnum
 
 import msgspec
+
+from cacheon.kv.events import Int64
 
 
 class Kind(StrEnum):
@@ -31,8 +36,8 @@ class Envelope(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     relay: str
     contract: str  # the wire contract id the relay accepted the payload under
     epoch: int = 0  # batch: the stream sequence of its epoch's reset; reset: 0 (its own sequence is the epoch)
-    seq: int = -1  # batch: the publisher's sequence number
-    payload: bytes = b""  # batch: the publisher's payload as received
+    seq: int = -1  # batch: the publisher's sequence number of the first payload (the others follow it, one by one)
+    payloads: tuple[bytes, ...] = ()  # batch: the publisher's payloads as received, in sequence order
     reason: str = ""  # reset: why (restart, reconnect, hole, resync, relay_start)
 
 
@@ -52,7 +57,7 @@ class RankCursor(msgspec.Struct, forbid_unknown_fields=True):
 class RankBlocks(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     rank: int
     cursor: RankCursor
-    blocks: list[int]  # held block ids in store order (a closed set under parents: stored as roots)
+    blocks: list[Int64]  # held block ids in store order (closed under parents: stored as roots), int64 as on the wire
 
 
 class Snapshot(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

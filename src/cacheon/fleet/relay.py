@@ -49,6 +49,7 @@ from cacheon.kv.wire import WireBounds
 
 log = logging.getLogger("cacheon.fleet")
 WINDOW = 256  # batches published before their acknowledgements are collected
+GROUP_BYTES = 256 << 10  # payload bytes one envelope carries at most (nats-server refuses a message past 1 MiB)
 ACK_TIMEOUT_S = 2.0
 PUBLISH_ERRORS = (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError, OSError)
 
@@ -104,6 +105,24 @@ def _acked(ack: asyncio.Future[Any] | None) -> int | None:
     return int(ack.result().seq)
 
 
+def envelope_groups(run: list[Delivery]) -> list[list[Delivery]]:
+    """``run`` cut into envelopes: consecutive batches of one rank, each following the one before (a hole, which
+    a rejected batch leaves, starts a new envelope, so a gateway sees it as a direct feed would), ``GROUP_BYTES``
+    of payload at most (a larger batch goes alone)."""
+    groups: list[list[Delivery]] = []
+    size = 0
+    for d in run:
+        last = groups[-1][-1] if groups else None
+        if (last is None or d.source != last.source or d.seq != last.seq + 1
+                or size + len(d.payload) > GROUP_BYTES):
+            groups.append([d])
+            size = len(d.payload)
+        else:
+            groups[-1].append(d)
+            size += len(d.payload)
+    return groups
+
+
 class _Follow:
     """One worker followed: its ZMQ thread, its ordered outbox, its publisher task and its replica."""
 
@@ -112,7 +131,8 @@ class _Follow:
         self.replica = WorkerReplica(found.worker, found.contract, relay.index, bounds=relay.settings.bounds)
         self.outbox: Outbox[tuple[Source, str] | Delivery] = Outbox(loop)
         self.epochs: dict[int, int] = {}
-        self.published = 0
+        self.published = 0  # batches and resets
+        self.envelopes = 0  # batch envelopes (several batches each where they came together)
         self.resets = 0
         self.snapshot_at = 0
         for rank in range(found.dp_size):  # a new epoch before the first batch this relay publishes
@@ -165,30 +185,31 @@ class _Follow:
             return
         s, worker = self.relay.settings, self.found.worker
         sent = []
-        for d in run:
-            rank = d.source[1]
+        for group in envelope_groups(run):
+            rank, first = group[0].source[1], group[0].seq
             env = Envelope(Kind.BATCH, worker, rank, s.relay_id, self.found.contract.id, epoch=self.epochs[rank],
-                           seq=d.seq, payload=d.payload)
+                           seq=first, payloads=tuple(d.payload for d in group))
             subject, data = subjects.batches(s.stream, worker, rank), envelope_encoder.encode(env)
-            msg_id = subjects.batch_id(worker, rank, env.epoch, d.seq)
+            msg_id = subjects.batch_id(worker, rank, env.epoch, first, group[-1].seq)
             ack: asyncio.Future[Any] | None = None
             assert self.relay.plane is not None
             with contextlib.suppress(*PUBLISH_ERRORS):
                 ack = await self.relay.plane.js.publish_async(subject, data, stream=s.stream,
                                                               headers={"Nats-Msg-Id": msg_id})
-            sent.append((d, env, subject, data, msg_id, ack))
+            sent.append((group, env, subject, data, msg_id, ack))
         pending = [ack for *_, ack in sent if ack is not None]
         if pending:  # one timer for the window, not one per acknowledgement
             await asyncio.wait(pending, timeout=ACK_TIMEOUT_S)
         applied = []
-        for d, env, subject, data, msg_id, ack in sent:
+        for group, env, subject, data, msg_id, ack in sent:
             seq = _acked(ack)
             if seq is None:
                 seq = await self.relay.publish(subject, data, msg_id)
-            applied.append((seq, env, d))
-        for seq, env, d in sorted(applied, key=lambda t: t[0]):
-            self.replica.apply(env, seq, d.batch)  # the feed decoded these very bytes: not decoded twice
-        self.published += len(applied)
+            applied.append((seq, env, group))
+        for seq, env, group in sorted(applied, key=lambda t: t[0]):
+            self.replica.apply(env, seq, [d.batch for d in group])  # the feed decoded these very bytes: not twice
+        self.published += len(run)
+        self.envelopes += len(applied)
 
     async def close(self) -> None:
         self.task.cancel()
@@ -314,7 +335,8 @@ class Relay:
     def status(self) -> dict[str, object]:
         return {"relay": self.settings.relay_id, "connected": self.plane is not None and self.plane.connected,
                 "publish_retries": self.publish_retries,
-                "workers": {w: {"published": f.published, "stream_seq": f.replica.stream_seq,
+                "workers": {w: {"published": f.published, "envelopes": f.envelopes,
+                                "stream_seq": f.replica.stream_seq,
                                 "snapshot_seq": f.snapshot_at, "queued": len(f.outbox),
                                 "ingest": f.subscriber.counters()} for w, f in sorted(self.follows.items())}}
 

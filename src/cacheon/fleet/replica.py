@@ -5,13 +5,14 @@ digests) agree. Per rank it keeps the epoch and the last publisher sequence appl
 starts a new epoch and clears the rank; a batch of an older epoch is ignored (a relay that lost
 its worker and has not noticed); a batch that does not follow the last one in its epoch means the
 stream lost envelopes (retention, a purge): the rank's inventory is unknown, so it is cleared and
-counted as a gap, never trusted. A batch already applied (a redelivery) is skipped.
+counted as a gap, never trusted. A batch already applied (a redelivery) is skipped. An envelope's
+batches are taken one by one under these rules, each at its own publisher sequence.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from cacheon.fleet.envelope import Envelope, Kind, RankBlocks, RankCursor, Snapshot
 from cacheon.kv.contracts import WireContract
@@ -68,9 +69,9 @@ class WorkerReplica:
     def heartbeat(self, now: float | None = None) -> None:
         self.heard = time.time() if now is None else now
 
-    def apply(self, env: Envelope, stream_seq: int, decoded: DecodedBatch | None = None) -> None:
+    def apply(self, env: Envelope, stream_seq: int, decoded: Sequence[DecodedBatch | None] | None = None) -> None:
         """One envelope, stored at ``stream_seq``; envelopes at or before ``stream_seq`` already applied are skipped.
-        ``decoded``: its payload as the relay's own feed accepted it (same bytes, contract, rank and bounds), so
+        ``decoded``: its payloads as the relay's own feed accepted them (same bytes, contract, rank and bounds), so
         the relay does not decode each batch twice; a gateway never passes it (it trusts no relay's decoding)."""
         if stream_seq <= self.stream_seq:
             self.duplicates += 1
@@ -86,34 +87,38 @@ class WorkerReplica:
             self._clear(source)
             self.counters.restarts += 1
             return
+        for i, payload in enumerate(env.payloads):
+            self._batch(source, env, env.seq + i, payload, None if decoded is None else decoded[i])
+
+    def _batch(self, source: Source, env: Envelope, seq: int, payload: bytes, decoded: DecodedBatch | None) -> None:
         cursor = self.cursors.get(env.rank)
         if cursor is not None and env.epoch < cursor.epoch:
             self.stale_epochs += 1
             return
-        if cursor is None or env.epoch > cursor.epoch or (cursor.last is not None and env.seq > cursor.last + 1):
-            # Its epoch's start or the envelopes between were not seen: what the rank holds is unknown.
+        if cursor is None or env.epoch > cursor.epoch or (cursor.last is not None and seq > cursor.last + 1):
+            # Its epoch's start or the batches between were not seen: what the rank holds is unknown.
             self.counters.gaps += 1
             self._clear(source)
             cursor = self.cursors[env.rank] = RankCursor(env.epoch)
-        elif cursor.last is not None and env.seq <= cursor.last:
+        elif cursor.last is not None and seq <= cursor.last:
             self.duplicates += 1
             return
-        cursor.last = env.seq
-        self._deliver(source, env, decoded)
+        cursor.last = seq
+        self._deliver(source, env, seq, payload, decoded)
 
     def _clear(self, source: Source) -> None:
         self.counters.clears += 1
         self.index.clear(source)
 
-    def _deliver(self, source: Source, env: Envelope, decoded: DecodedBatch | None) -> None:
+    def _deliver(self, source: Source, env: Envelope, seq: int, payload: bytes, decoded: DecodedBatch | None) -> None:
         try:
             if env.contract != self.contract.id:
                 raise WireReject(SCHEMA_MISMATCH, f"relayed under {env.contract}, the worker speaks {self.contract.id}")
-            batch = decoded if decoded is not None else self.decoder.decode(env.payload, env.rank)
+            batch = decoded if decoded is not None else self.decoder.decode(payload, env.rank)
         except WireReject as reject:
             self.counters.rejects[reject.reason] += 1
             if self.on_delivery is not None:
-                self.on_delivery(Delivery(source, env.seq, None, reject, False))
+                self.on_delivery(Delivery(source, seq, None, reject, False))
             return
         ops, skipped = operations(batch.events)
         self.index.apply(source, ops)
@@ -122,4 +127,4 @@ class WorkerReplica:
         self.counters.events += len(batch.events)
         self.counters.skipped_events += skipped
         if self.on_delivery is not None:
-            self.on_delivery(Delivery(source, env.seq, batch, None, False))
+            self.on_delivery(Delivery(source, seq, batch, None, False))

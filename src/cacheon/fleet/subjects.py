@@ -38,9 +38,10 @@ def heartbeat(stream: str, worker: str) -> str:
     return f"{stream}-hb.{token(worker)}"
 
 
-def batch_id(worker: str, rank: int, epoch: int, seq: int) -> str:
-    """``Nats-Msg-Id`` of a batch: a republished batch falls in JetStream's duplicate window and is dropped."""
-    return f"{worker}/{rank}/{epoch}/{seq}"
+def batch_id(worker: str, rank: int, epoch: int, first: int, last: int) -> str:
+    """``Nats-Msg-Id`` of an envelope of batches ``first..last``: one republished falls in JetStream's duplicate window
+    and is dropped."""
+    return f"{worker}/{rank}/{epoch}/{first}-{last}"
 
 
 def reset_id(worker: str, rank: int, relay: str, n: int) -> str:

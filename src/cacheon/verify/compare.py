@@ -74,7 +74,7 @@ def _cosine(g: torch.Tensor, r: torch.Tensor, tol: Tolerance, max_abs: float, ma
 #: the fields of a Tolerance each comparator reads: what a FAIL shows as "the tolerance in force"
 BOUNDS: dict[str, tuple[str, ...]] = {
     "allclose": ("atol", "rtol"),
-    "matched_ratio": ("atol", "rtol", "min_ratio"),
+    "matched_ratio": ("atol", "rtol", "min_ratio", "rounding"),
     "cosine": ("min_cosine", "norm_rtol"),
     "topk_overlap": ("topk", "min_ratio", "atol", "rtol"),
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -13,6 +14,7 @@ from cacheon.verify.compare import bounds_in_force, compare, worst_elements
 from cacheon.verify.messages import Poison, Raised, Reply, Result
 from cacheon.verify.poison import left_in_place
 from cacheon.verify.report import Mismatch
+from cacheon.verify.rounding import widened
 from cacheon.verify.untrusted import one_line
 
 
@@ -34,10 +36,11 @@ class Judgement:
 
 def judge(
     slot: SlotSpec, case: ShapeCase, dtype: str, expected_inputs: Inputs, reference: Inputs, reply: Reply,
-    poison: Poison | None = None,
+    poison: Poison | None = None, rounding: Mapping[str, float] | None = None,
 ) -> Judgement:
     """Inputs the child must still hold unchanged, outputs against the float64 ``reference``; with the
-    call's ``poison``, non-finite outputs the kernel never wrote are named as such."""
+    call's ``poison``, non-finite outputs the kernel never wrote are named as such. ``rounding``: per output,
+    the reference's float32 rounding on this input, for a tolerance that scales with it (verify/rounding.py)."""
     if isinstance(reply, Raised):
         return Judgement([f"entry raised: {one_line(reply.reason)}"], detail=reply.detail)
     if not isinstance(reply, Result):
@@ -55,10 +58,12 @@ def judge(
     for name, original in expected_inputs.items():
         if not torch.equal(inputs_after[name], original):
             result.failures.append(f"input {name} was modified by the candidate (inputs are read-only)")
-    tol = slot.comparator.tolerance(dtype)
-    result.tolerance = bounds_in_force(slot.comparator.mode, tol)
+    base = slot.comparator.tolerance(dtype)
+    errors = rounding or {}
+    result.tolerance = bounds_in_force(slot.comparator.mode, widened(base, max(errors.values(), default=0.0)))
     for name in layout:
         got = outputs[name]
+        tol = widened(base, errors.get(name, 0.0))
         compared = compare(slot.comparator.mode, tol, got, reference[name])
         if result.max_abs_err is None or compared.max_abs_err > result.max_abs_err:
             result.max_abs_err, result.max_rel_err = compared.max_abs_err, compared.max_rel_err
@@ -73,10 +78,11 @@ def judge(
 
 def judge_ranks(
     slot: SlotSpec, case: ShapeCase, dtype: str, ranks: list[Inputs], reference: Inputs, replies: list[Reply],
-    poison: Poison | None = None,
+    poison: Poison | None = None, rounding: Mapping[str, float] | None = None,
 ) -> Judgement:
     """Every rank judged against the same reference; one rank's failure fails the call."""
-    verdicts = [judge(slot, case, dtype, ranks[r], reference, reply, poison) for r, reply in enumerate(replies)]
+    verdicts = [judge(slot, case, dtype, ranks[r], reference, reply, poison, rounding)
+                for r, reply in enumerate(replies)]
     if len(verdicts) == 1:
         return verdicts[0]
     failing = [(r, v) for r, v in enumerate(verdicts) if not v.ok]

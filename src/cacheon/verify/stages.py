@@ -37,6 +37,7 @@ from cacheon.verify.messages import BackendFailed, Call, Capture, Captured, Outp
 from cacheon.verify.plan import StabilityPlan, VerifyOptions, eager_cases
 from cacheon.verify.poison import draw_poison, reference_pool
 from cacheon.verify.report import CaseResult, GraphResult, GraphStatus, Stage, StageProgress, StageResult
+from cacheon.verify.rounding import rounding_errors
 from cacheon.verify.untrusted import one_line
 
 Emit = Callable[[CaseResult | StageProgress], None]
@@ -100,9 +101,11 @@ class Run:
 
     def judge(self, case: ShapeCase, dtype: str, ranks: list[Inputs], replies: list[Reply],
               poison: Poison | None = None) -> Judgement:
-        reference = self.slot.reference(reference_inputs(self.slot, ranks), self.slot.scalars(case))
+        inputs, scalars = reference_inputs(self.slot, ranks), self.slot.scalars(case)
+        reference = self.slot.reference(inputs, scalars)
         self._pool = reference_pool(reference)
-        return judge_ranks(self.slot, case, dtype, ranks, reference, replies, poison)
+        rounding = rounding_errors(self.slot, dtype, inputs, scalars, reference)
+        return judge_ranks(self.slot, case, dtype, ranks, reference, replies, poison, rounding)
 
 
 def case_result(
