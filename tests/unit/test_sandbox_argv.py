@@ -39,10 +39,22 @@ def test_only_the_interpreter_libraries_site_package_and_bundle_are_bound_read_o
     assert all(s.startswith(("/usr/lib", "/lib", "/opt/py", "/home/dev/proj/.venv/", MOUNTS.package, "/tmp/cacheon-"))
                for s in sources), sources
     assert not pairs(argv, "--bind") and not pairs(argv, "--dev-bind")
-    assert pairs(argv, "--tmpfs", 1) == [("/dev/shm",), ("/tmp",)]
+    assert pairs(argv, "--tmpfs", 1) == [("/tmp",), ("/dev/shm",)]
     assert pairs(argv, "--size", 1) == [(str(1 << 30),)] * 2  # every writable tmpfs is sized
     assert pairs(argv, "--remount-ro", 1) == [("/dev",)]  # bubblewrap's /dev tmpfs has no size
     assert ("/tmp",) in pairs(argv, "--chdir", 1) and "--share-net" not in argv
+
+
+def test_a_prefix_under_tmp_is_bound_on_top_of_the_private_tmp_not_hidden_by_it():
+    """A server venv (or an interpreter) under /tmp is bound at its own path: after the /tmp tmpfs, or the tmpfs
+    would cover it and the sandbox could not exec it (a checkout under /tmp failed every confined server so)."""
+    under_tmp = Mounts(interpreter="/tmp/ci/.engines/v/bin/python3.11", prefixes=("/opt/py", "/tmp/ci/.engines/v"),
+                       site=MOUNTS.site, package=MOUNTS.package)
+    argv = bwrap_argv(under_tmp, "/b", "cpu", 1 << 30, as_root=True, info_fd=5, block_fd=6)
+    tmpfs = next(i for i, a in enumerate(argv) if a == "--tmpfs" and argv[i + 1] == "/tmp")
+    bind = next(i for i, a in enumerate(argv) if a == "--ro-bind" and argv[i + 1] == "/tmp/ci/.engines/v")
+    assert tmpfs < bind
+    assert ("/tmp",) not in pairs(argv, "--dir", 1)  # the tmpfs is not re-made (and re-permissioned) as a parent
 
 
 def test_root_keeps_only_setuid_and_setgid_for_the_childs_own_drop():

@@ -150,7 +150,10 @@ def bwrap_argv(
     binds += [(p, p) for p in mounts.prefixes]
     binds += [(p, f"{SITE_MOUNT}/{i}") for i, p in enumerate(mounts.site)]
     binds += [(mounts.package, f"{LIB_MOUNT}/cacheon"), (bundle_copy, BUNDLE_MOUNT)]
-    made: set[str] = set()
+    # The private /tmp first: a bind below it (a server venv or model under /tmp, bound at its own path) is then
+    # mounted on top of it, where a tmpfs mounted after would hide it ("execvp ...: No such file or directory").
+    argv += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", WORKDIR]
+    made: set[str] = {WORKDIR}
     for source, dest in binds:
         argv += [*_dirs_for(dest, made), "--ro-bind", source, dest]
     argv += ["--proc", "/proc", "--dev", "/dev"]
@@ -159,7 +162,7 @@ def bwrap_argv(
     # /dev is a tmpfs bubblewrap makes without a size; only /dev/shm (NCCL's) stays writable, sized
     argv += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     argv += list(extra)
-    argv += ["--perms", "1777", "--size", str(tmpfs_bytes), "--tmpfs", WORKDIR, "--chdir", WORKDIR]
+    argv += ["--chdir", WORKDIR]
     return argv
 
 
