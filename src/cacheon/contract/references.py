@@ -30,6 +30,7 @@ def evaluated_in(dtype: torch.dtype) -> Iterator[None]:
 
 
 def _f64(t: torch.Tensor) -> torch.Tensor:
+    """``t`` on the CPU in float64 (in ``evaluated_in``'s dtype inside it)."""
     return t.detach().to(device="cpu", dtype=_PRECISION.get())
 
 

@@ -218,7 +218,7 @@ cdef class BlockIndex:
     def apply(self, source, ops):
         """Apply one batch's operations for ``source``, in order, as one step: every id is checked first (an int
         within int64), so a batch this table cannot hold changes nothing."""
-        ops = [(op, hashes if isinstance(hashes, (list, tuple)) else list(hashes), parent) for op, hashes, parent in ops]
+        ops = list(ops)  # gone through twice: checked, then applied
         for op, hashes, parent in ops:
             if op != "store" and op != "remove" and op != "clear":
                 raise ValueError(f"unknown index operation {op!r}")
