@@ -25,6 +25,7 @@ from aiohttp import web
 
 from cacheon.gateway import logs
 from cacheon.gateway.config import WorkerSpec
+from cacheon.gateway.proxy import OFFLOAD_CHARS
 from cacheon.sim.launch import wait_until
 from cacheon.sim.tokenizer import gateway_model
 from tests.gateway.inproc import InProcessGateway, LoopThread
@@ -34,18 +35,24 @@ ANSWER = {"choices": [{"text": " ok", "index": 0, "finish_reason": "stop"}],
           "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
 
 
+FLOOD_EVENTS = 768  # of 64 KiB: more than the loopback sockets on the way hold
+
+
 class StandIn:
     """A worker over real HTTP: discovery, health, and completions answered as ``mode`` says:
     ``ok``, ``truncated`` (a 200 whose JSON stops half-way), ``dies`` (a stream cut after one event),
     ``stalls`` (a stream silent for 3 s after one event), ``late`` (no head for 3 s), ``steady`` (a
-    stream of 6 events 0.4 s apart) or ``flood`` (a 24 MiB stream, as fast as it goes). ``peers``: the
-    client address of each answered request (which connection it came on)."""
+    stream of 6 events 0.4 s apart), ``quick`` (the same 6 events at once) or ``flood`` (a 48 MiB
+    stream, as fast as it goes). ``peers``: the
+    client address of each answered request (which connection it came on); ``written``: the events
+    a stream has written so far."""
 
     def __init__(self, loop: LoopThread, mode: str = "ok", max_model_len: int = 1 << 20,
                  keepalive_s: float = 75) -> None:
         self.mode, self.max_model_len = mode, max_model_len
         self.bodies: list[bytes] = []
         self.peers: list[Any] = []
+        self.written = 0
         self._loop = loop
 
         async def server_info(_: web.Request) -> web.Response:
@@ -67,14 +74,15 @@ class StandIn:
                 return web.Response(body=msgspec.json.encode(ANSWER)[:20], content_type="application/json")
             if self.mode == "late":
                 await asyncio.sleep(3)
-            if self.mode not in ("dies", "stalls", "steady", "flood"):
+            if self.mode not in ("dies", "stalls", "steady", "quick", "flood"):
                 return web.json_response(ANSWER)
             out = web.StreamResponse(headers={"content-type": "text/event-stream"})
             await out.prepare(request)
-            if self.mode in ("steady", "flood"):
+            if self.mode in ("steady", "quick", "flood"):
                 event = b'data: {"choices": [{"text": "' + b"a" * (65536 if self.mode == "flood" else 1) + b'"}]}\n\n'
-                for _ in range(6 if self.mode == "steady" else 384):
+                for _ in range(FLOOD_EVENTS if self.mode == "flood" else 6):
                     await out.write(event)
+                    self.written += 1
                     await asyncio.sleep(0.4 if self.mode == "steady" else 0)
                 await out.write(b"data: [DONE]\n\n")
                 await out.write_eof()
@@ -195,8 +203,8 @@ def test_prompts_are_bounded_by_the_models_context(loop: LoopThread, gateway: An
 
 
 class HeldTokenizer:
-    """The profile's tokenizer, its long-text path (``encode_batch``) held until the test lets it go:
-    while it is held, whatever thread called it is stuck there, as it would be for a long prompt."""
+    """The profile's tokenizer, its encoding of a long text held until the test lets it go: while it
+    is held, whatever thread called it is stuck there, as it would be for a long prompt."""
 
     def __init__(self, real: Any) -> None:
         self.real, self.entered, self.release = real, threading.Event(), threading.Event()
@@ -205,11 +213,12 @@ class HeldTokenizer:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
 
-    def encode_batch(self, *args: Any, **kwargs: Any) -> Any:
-        self.threads.append(threading.current_thread().name)
-        self.entered.set()
-        self.release.wait(60)
-        return self.real.encode_batch(*args, **kwargs)
+    def encode_batch_fast(self, texts: list[str], **kwargs: Any) -> Any:
+        if any(len(text) > OFFLOAD_CHARS for text in texts):
+            self.threads.append(threading.current_thread().name)
+            self.entered.set()
+            self.release.wait(60)
+        return self.real.encode_batch_fast(texts, **kwargs)
 
 
 def test_a_long_prompt_tokenizes_off_the_event_loop(loop: LoopThread, gateway: Any,
@@ -231,7 +240,7 @@ def test_a_long_prompt_tokenizes_off_the_event_loop(loop: LoopThread, gateway: A
         finally:
             held.release.set()
         assert answer.result(60).status_code == 200
-    assert held.threads == ["tokenize_0"]  # the gateway's tokenizer thread, one call through encode_batch
+    assert held.threads == ["tokenize_0"]  # the gateway's tokenizer thread, one call with the long text
 
 
 def test_an_unknown_model_is_404_under_rr_and_logs_carry_a_bounded_model(loop: LoopThread, gateway: Any,
@@ -291,14 +300,50 @@ def test_a_stream_longer_than_the_timeout_with_short_gaps_completes(loop: LoopTh
 
 
 def test_a_slow_reader_is_not_a_silent_worker(loop: LoopThread, gateway: Any) -> None:
-    """The relay waits on the client (its socket buffers full) longer than the timeout: the stream still completes."""
-    gw = gateway({"request_timeout_s": 1}, StandIn(loop, mode="flood"))
+    """The relay waits on the client (its socket buffers full) longer than the timeout: the stream still
+    completes, and the wait reaches the worker (the gateway stops reading it) instead of piling the
+    stream up in the gateway's memory."""
+    worker = StandIn(loop, mode="flood")
+    gw = gateway({"request_timeout_s": 1}, worker)
     with httpx.stream("POST", f"{gw.url}/v1/completions", json={"model": "demo", "prompt": "x", "stream": True},
                       timeout=30) as r:
-        time.sleep(2.5)  # reading nothing: 24 MiB overflow the loopback buffers, the gateway's write waits
+        time.sleep(2.5)  # reading nothing: 48 MiB overflow the loopback buffers, the gateway's write waits
+        held_back = worker.written
         events = [line for line in r.iter_lines() if line]
-    assert len(events) == 385 and events[-1] == "data: [DONE]"
+    assert held_back < FLOOD_EVENTS  # the worker's writes wait too: what the sockets hold is all that moved
+    assert len(events) == FLOOD_EVENTS + 1 and events[-1] == "data: [DONE]"
     assert gw.gateway.fleet.workers["w0"].breaker.failures == 0
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.1"])
+def test_a_stream_is_framed_as_the_clients_http_version_allows(loop: LoopThread, gateway: Any, version: str) -> None:
+    """HTTP/1.1: chunked, each chunk's size what follows it; HTTP/1.0 has no chunked framing: the
+    events as they are, ended by the connection's close."""
+    gw = gateway({}, StandIn(loop, mode="quick"))
+    host, port = gw.url.removeprefix("http://").rsplit(":", 1)
+    body = b'{"model": "demo", "prompt": "x", "stream": true}'
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/%b\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+                  b"application/json\r\nContent-Length: %d\r\n\r\n%b" % (version.encode(), len(body), body))
+        head, _, rest = s.makefile("rb").read().partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"200"
+    if version == "1.1":
+        assert b"transfer-encoding: chunked" in head.lower()
+        chunks = []
+        while True:
+            size, _, rest = rest.partition(b"\r\n")
+            chunk, rest = rest[: int(size, 16)], rest[int(size, 16):]
+            assert rest.startswith(b"\r\n")
+            rest = rest[2:]
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert rest == b""
+        rest = b"".join(chunks)
+    else:
+        assert b"transfer-encoding" not in head.lower()
+    event = b'data: {"choices": [{"text": "a"}]}\n\n'
+    assert rest == event * 6 + b"data: [DONE]\n\n"
 
 
 @pytest.mark.parametrize("keepalive_s", [75, 0.3])

@@ -17,10 +17,12 @@ import os
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
 import aiohttp
 import msgspec
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 from yarl import URL
 
 from cacheon.gateway.config import GatewayConfig
@@ -42,6 +44,7 @@ from cacheon.tokens.profile import TokenizerProfile
 _HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"}
 HOP_HEADER = "x-cacheon-hop"  # the gateways a request passed through, by instance mark
 OFFLOAD_CHARS = 1 << 16  # prompts longer than this are tokenized off the event loop
+CLIENT_HIGH_WATER = 1 << 16  # bytes unsent to a client before its worker's socket is paused (aiohttp's own)
 _ANSWER = msgspec.json.Decoder(dict[str, msgspec.Raw])  # a non-streamed answer is one JSON object
 _json = msgspec.json.Encoder()
 
@@ -254,26 +257,21 @@ class Proxy:
     async def _relay(self, request: web.Request, w: Worker, outcome: Outcome, resp: Response,
                      ours: dict[str, str]) -> web.StreamResponse:
         out = web.StreamResponse(status=resp.status, headers=_passed(resp.headers, ours))
+        if request.version >= aiohttp.HttpVersion11:
+            out.enable_chunked_encoding()  # the client sink frames the chunks itself
         timeout_s = self.cfg.request_timeout_s
         try:
-            await out.prepare(request)
+            writer = await out.prepare(request)
+            assert writer is not None and request.transport is not None  # prepared once, here
             # Only a prediction is scored against the stream's last counting event (Recorder._score).
             tail = outcome.tail = StreamTail() if outcome.attempts[-1].decision.predicted else None
-            while True:
-                try:
-                    chunk = await resp.chunk(timeout_s)
-                except TRANSPORT_ERRORS as exc:  # mid-stream: too late to retry; the client must see it failed
-                    self._failed(w)
-                    outcome.error = f"upstream ended mid-stream: {_transport(exc, timeout_s)}"
-                    await _abort(request, out, f"worker {w.id} failed mid-stream; the answer is incomplete")
-                    return out
-                if not chunk:
-                    break
-                if outcome.first_chunk is None:
-                    outcome.first_chunk = time.perf_counter()
-                if tail is not None:
-                    tail.feed(chunk)
-                await out.write(chunk)
+            try:
+                await resp.pipe(ClientSink(request.transport, writer, out.chunked, outcome, tail), timeout_s)
+            except TRANSPORT_ERRORS as exc:  # mid-stream: too late to retry; the client must see it failed
+                self._failed(w)
+                outcome.error = f"upstream ended mid-stream: {_transport(exc, timeout_s)}"
+                await _abort(request, out, f"worker {w.id} failed mid-stream; the answer is incomplete")
+                return out
             await out.write_eof()
             w.breaker.succeeded()
         except ConnectionResetError:  # the client left while we wrote to it
@@ -285,6 +283,34 @@ class Proxy:
         if url is None:
             url = self._urls[(w.url, path)] = URL(f"{w.url}{path}")
         return url
+
+
+class ClientSink:
+    """The client's side of a relayed stream, written from inside the worker's socket reads
+    (``Response.pipe``): each read's body in one framed write, its first byte's time, its tail."""
+
+    __slots__ = ("_chunked", "_outcome", "_tail", "_transport", "_writer")
+
+    def __init__(self, transport: asyncio.BaseTransport, writer: AbstractStreamWriter, chunked: bool,
+                 outcome: Outcome, tail: StreamTail | None) -> None:
+        self._transport = cast(asyncio.WriteTransport, transport)
+        self._writer, self._chunked, self._outcome, self._tail = writer, chunked, outcome, tail
+
+    def write(self, body: bytes) -> bool:
+        transport = self._transport
+        if transport.is_closing():
+            return False  # drain says the client is gone
+        if self._outcome.first_chunk is None:
+            self._outcome.first_chunk = time.perf_counter()
+        if self._tail is not None:
+            self._tail.feed(body)
+        transport.write(b"%x\r\n%b\r\n" % (len(body), body) if self._chunked else body)
+        return transport.get_write_buffer_size() <= CLIENT_HIGH_WATER
+
+    async def drain(self) -> None:
+        if self._transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        await self._writer.drain()
 
 
 async def _abort(request: web.Request, out: web.StreamResponse, message: str) -> None:

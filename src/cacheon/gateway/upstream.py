@@ -1,9 +1,10 @@
 """The gateway's upstream client for streamed answers: HTTP/1.1 on ``asyncio.Protocol``, parsed by httptools.
 
 aiohttp's client costs a per-chunk parse in Python, a ``StreamReader`` feed and a task wake-up for
-every event of a stream. Here httptools (C) takes the chunked framing off inside ``data_received``
-and the relay is woken once per socket read with everything that read carried; measured at 0.3–0.6
-ms less CPU per streamed request on the time-model traces (benchmarks/README.md, issue 22). One pool of keep-alive
+every event of a stream. Here httptools (C) takes the chunked framing off inside ``data_received``,
+and ``Response.pipe`` hands what each socket read carried to the client's side (a ``Sink``) from
+inside that callback: the relaying task wakes only at the answer's end, on an error, on the gap
+timeout or when the client's side is full, never per event (benchmarks/README.md, issue 22). One pool of keep-alive
 connections per worker; a connection goes back to it only after a complete answer the worker lets
 it keep, so a request the relay leaves unfinished is aborted on the worker by the close. Idle
 connections are closed by the worker's own keep-alive timeout (seen here as the connection lost).
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Mapping
-from typing import cast
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -34,6 +35,19 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(TimeoutError())
 
 
+class Sink(Protocol):
+    """Where ``Response.pipe`` puts a body as it is read: the client's side of a relayed stream."""
+
+    def write(self, body: bytes) -> bool:
+        """Take ``body`` (called inside the read); False when this side is full or gone: the worker's
+        socket is paused until ``drain`` returns."""
+        ...
+
+    async def drain(self) -> None:
+        """Until this side takes more; raises ConnectionResetError when it is gone."""
+        ...
+
+
 class Response(asyncio.Protocol):
     """One connection to a worker and the answer in progress on it: head first, then body by reads."""
 
@@ -43,6 +57,9 @@ class Response(asyncio.Protocol):
         self.lost = False
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
+        self._sink: Sink | None = None  # set while ``pipe`` runs
+        self._read_at = 0.0  # loop time of the last read, for pipe's gap timeout
+        self._timer: asyncio.TimerHandle | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -53,7 +70,7 @@ class Response(asyncio.Protocol):
         self.idle = False  # pooled, no request on it: bytes arriving now answer nothing
         self.complete = self.headed = False
         self._head_bytes = 0
-        self._framed = self._paused = self._keep = False
+        self._framed = self._paused = self._keep = self._full = False
         self._body: list[bytes] = []
         self._held = 0
         self._error: Exception | None = None
@@ -81,9 +98,17 @@ class Response(asyncio.Protocol):
             if self._head_bytes > MAX_HEAD and self._error is None:
                 self._error = UpstreamError(f"the worker's response head is larger than {MAX_HEAD} bytes")
                 self.close()
-        if self._held > _HIGH_WATER and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
+        sink = self._sink
+        if sink is not None:
+            self._read_at = asyncio.get_running_loop().time()
+            if self._body and not sink.write(self._take()):
+                self._full = True  # the client's side: pipe drains it, then reading resumes
+                self._pause()
+            if self._full or self.complete or self._error is not None:
+                self._wake()
+            return
+        if self._held > _HIGH_WATER:
+            self._pause()
         self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -135,11 +160,32 @@ class Response(asyncio.Protocol):
             if self._error is not None:
                 raise self._error
             await self._wait(timeout_s)
-        body, self._body, self._held = self._body, [], 0
-        if self._paused and self.transport is not None:
-            self._paused = False
-            self.transport.resume_reading()
-        return body[0] if len(body) == 1 else b"".join(body)
+        body = self._take()
+        self._resume()
+        return body
+
+    async def pipe(self, sink: Sink, timeout_s: float) -> None:
+        """Every body byte to ``sink`` as it is read, until the answer's end. TimeoutError after
+        ``timeout_s`` without a read (the gap, as ``chunk``); the worker's error as ``chunk`` raises it,
+        after the bytes before it; ConnectionResetError from ``sink.drain`` when the client is gone."""
+        self._sink = sink
+        try:
+            if self._body and not sink.write(self._take()):  # what came with the head
+                self._full = True
+            self._read_at = asyncio.get_running_loop().time()
+            while True:
+                if self._full:
+                    await sink.drain()
+                    self._full = False
+                    self._resume()
+                elif self._error is not None:
+                    raise self._error
+                elif self.complete:
+                    return
+                else:
+                    await self._wait_read(timeout_s)
+        finally:
+            self._sink = None
 
     async def read(self, timeout_s: float) -> bytes:
         """The rest of the body, whole."""
@@ -155,6 +201,41 @@ class Response(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    def _take(self) -> bytes:
+        body, self._body, self._held = self._body, [], 0
+        return body[0] if len(body) == 1 else b"".join(body)
+
+    def _pause(self) -> None:
+        if not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def _resume(self) -> None:
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+
+    async def _wait_read(self, timeout_s: float) -> None:
+        """Until woken, or TimeoutError once ``timeout_s`` passed since the last read: one timer for
+        the whole wait, moved on as reads come (a timer per read would be a timer per event)."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        self._timer = loop.call_at(self._read_at + timeout_s, self._gap, waiter, timeout_s)
+        try:
+            await waiter
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._waiter = None
+
+    def _gap(self, waiter: asyncio.Future[None], timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        due = self._read_at + timeout_s
+        if loop.time() >= due:
+            _expire(waiter)
+        else:
+            self._timer = loop.call_at(due, self._gap, waiter, timeout_s)
 
     async def _wait(self, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()

@@ -185,6 +185,6 @@ class TokenizerProfile:
         text, prefix = self.render_chat(request, releases)
         ids = self.windows.encode(text)
         if prefix:
-            tail: list[int] = self.tokenizer.encode(prefix).ids
+            tail = encode_ids(self.tokenizer, prefix, add_special_tokens=True)
             ids = [*ids, *(tail[1:] if tail and tail[0] == self.bos_id else tail)]
         return ids
