@@ -140,3 +140,66 @@ def test_a_kept_connection_carries_the_next_stream_and_the_body_arrives_decoded(
 
     assert _run(serve, client) == [(200, b"data: 1\n\ndata: [DONE]\n\n")] * 3
     assert connections == 1
+
+
+class _Gone:
+    """A client side that is full at once and then gone: ``pipe`` pauses the worker's socket and drain raises."""
+
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    def write(self, body: bytes) -> bool:
+        self.bodies.append(body)
+        return False
+
+    async def drain(self) -> None:
+        raise ConnectionResetError("the client closed the connection")
+
+
+@pytest.mark.parametrize("client_leaves", [False, True])
+def test_a_piped_answer_reaches_its_sink_and_only_a_clean_end_pools_the_connection(client_leaves: bool) -> None:
+    """The body arrives after the head, while the relay pipes it: a client side found full pauses the worker's
+    socket; when it is then gone the answer is complete but its connection paused, and it must not go back to
+    the pool (the next answer on it would never be read). A clean end pools it."""
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                await _request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(OK)
+            await writer.drain()
+            await asyncio.sleep(0.05)  # the relay is piping by now
+            writer.write(_chunked(b"data: 1\n\n", b"data: [DONE]\n\n"))
+            await writer.drain()
+
+    class Kept:
+        def __init__(self) -> None:
+            self.bodies: list[bytes] = []
+
+        def write(self, body: bytes) -> bool:
+            self.bodies.append(body)
+            return True
+
+        async def drain(self) -> None:
+            raise AssertionError("never full")
+
+    async def client(upstream: Upstream, url: str) -> object:
+        sinks = []
+        for _ in range(2):
+            resp = await upstream.post(url, "/v1/completions", b"{}", {}, 5)
+            sink = _Gone() if client_leaves else Kept()
+            sinks.append(sink)
+            try:
+                await resp.pipe(sink, 5)
+            except ConnectionResetError:
+                assert client_leaves
+            upstream.done(resp)
+        return [b"".join(s.bodies) for s in sinks]
+
+    assert _run(serve, client) == [b"data: 1\n\ndata: [DONE]\n\n"] * 2
+    assert connections == (2 if client_leaves else 1)

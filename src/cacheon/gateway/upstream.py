@@ -195,8 +195,9 @@ class Response(asyncio.Protocol):
         return b"".join(parts)
 
     def reusable(self) -> bool:
-        """Its answer read to the end and the connection open, and the worker keeps it alive."""
-        return self._keep and not self.lost and not self._body and self._error is None
+        """Its answer read to the end and relayed (not paused for a client that then left), the connection
+        open, and the worker keeps it alive."""
+        return self._keep and not self.lost and not self._body and not self._paused and self._error is None
 
     def close(self) -> None:
         if self.transport is not None:
