@@ -36,6 +36,20 @@ def test_a_stream_keeps_its_last_counting_event_across_chunk_boundaries() -> Non
     assert plain.last is None  # control: a stream without include_usage reports nothing
 
 
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64])
+def test_a_stream_cut_anywhere_gives_the_tail_it_gives_whole(size: int) -> None:
+    """Every cut, the separator's two newlines in different reads included: the event in progress is kept
+    across reads (joined once it ends: one long event over many reads costs its length, not its square)."""
+    usage = b'data: {"choices": [], "usage": {"prompt_tokens_details": {"cached_tokens": 48}}}'
+    stream = b'data: {"choices": [{"text": "a\nb"}]}\n\n' + usage + b"\n\n" + b'data: {"choices": [1]}\n\n' + \
+        b"data: [DONE]\n\n"
+    whole, cut = StreamTail(), StreamTail()
+    whole.feed(stream)
+    for i in range(0, len(stream), size):
+        cut.feed(stream[i : i + size])
+    assert cut.last == whole.last == usage[6:]
+
+
 def test_mismatches_are_counted_by_direction_and_the_last_one_kept() -> None:
     p = Precision()
     assert p.score(32, 32, "r1") is Match.EXACT

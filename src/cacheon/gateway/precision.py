@@ -70,16 +70,21 @@ class StreamTail:
     either is kept, so a long stream costs no more than its largest event.
     """
 
-    __slots__ = ("_partial", "last")
+    __slots__ = ("_pieces", "last")
 
     def __init__(self) -> None:
-        self._partial = b""
+        self._pieces: list[bytes] = []  # the event in progress, as read: joined only once it ends
         self.last: bytes | None = None
 
     def feed(self, chunk: bytes) -> None:
-        data = self._partial + chunk
-        events = data.split(b"\n\n")
-        self._partial = events.pop()
+        pieces = self._pieces
+        if b"\n\n" not in chunk and not (pieces and pieces[-1][-1:] == b"\n" and chunk[:1] == b"\n"):
+            if chunk:
+                pieces.append(chunk)  # no event ends here: kept, not copied (one event over many reads stays linear)
+            return
+        events = b"".join((*pieces, chunk)).split(b"\n\n")
+        partial = events.pop()
+        self._pieces = [partial] if partial else []
         for event in reversed(events):
             if event.startswith(b"data: {") and (b'"usage"' in event or b'"meta_info"' in event):
                 self.last = event[6:]

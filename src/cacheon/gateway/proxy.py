@@ -259,6 +259,8 @@ class Proxy:
         out = web.StreamResponse(status=resp.status, headers=_passed(resp.headers, ours))
         if request.version >= aiohttp.HttpVersion11:
             out.enable_chunked_encoding()  # the client sink frames the chunks itself
+        else:  # no framing before HTTP/1.1: the body ends with the connection, whatever keep-alive it asked for
+            out.force_close()
         timeout_s = self.cfg.request_timeout_s
         try:
             writer = await out.prepare(request)
@@ -267,6 +269,8 @@ class Proxy:
             tail = outcome.tail = StreamTail() if outcome.attempts[-1].decision.predicted else None
             try:
                 await resp.pipe(ClientSink(request.transport, writer, out.chunked, outcome, tail), timeout_s)
+            except ClientGone:
+                raise
             except TRANSPORT_ERRORS as exc:  # mid-stream: too late to retry; the client must see it failed
                 self._failed(w)
                 outcome.error = f"upstream ended mid-stream: {_transport(exc, timeout_s)}"
@@ -274,7 +278,7 @@ class Proxy:
                 return out
             await out.write_eof()
             w.breaker.succeeded()
-        except ConnectionResetError:  # the client left while we wrote to it
+        except (ClientGone, ConnectionResetError):  # the client left while we wrote to it: not the worker's failure
             outcome.status, outcome.error = CLIENT_GONE, "client disconnected"
         return out
 
@@ -283,6 +287,11 @@ class Proxy:
         if url is None:
             url = self._urls[(w.url, path)] = URL(f"{w.url}{path}")
         return url
+
+
+class ClientGone(Exception):
+    """The client's side of a stream closed: raised out of the relay, never counted as the worker's failure
+    (a ConnectionResetError would be, among the transport errors of the worker's connection)."""
 
 
 class ClientSink:
@@ -309,15 +318,18 @@ class ClientSink:
 
     async def drain(self) -> None:
         if self._transport.is_closing():
-            raise ConnectionResetError("the client closed the connection")
-        await self._writer.drain()
+            raise ClientGone()
+        try:
+            await self._writer.drain()
+        except ConnectionResetError:  # lost while draining (aiohttp's own reset error)
+            raise ClientGone() from None
 
 
 async def _abort(request: web.Request, out: web.StreamResponse, message: str) -> None:
     """An error event (what OpenAI clients raise on), then the connection closed without the chunked
     body's end, so a client that reads only the HTTP framing sees the answer cut short too."""
     event = _json.encode({"error": {"message": message, "type": "upstream_error", "param": None, "code": 502}})
-    await out.write(b"data: " + event + b"\n\n")
+    await out.write(b"\n\ndata: " + event + b"\n\n")  # the blank line first ends any event the worker left half-sent
     if request.transport is not None:
         request.transport.close()  # written out first, then closed: aiohttp's own end of the body is never sent
 

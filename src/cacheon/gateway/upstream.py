@@ -44,7 +44,7 @@ class Sink(Protocol):
         ...
 
     async def drain(self) -> None:
-        """Until this side takes more; raises ConnectionResetError when it is gone."""
+        """Until this side takes more; raises when it is gone (never a transport error of the worker's)."""
         ...
 
 
@@ -70,7 +70,7 @@ class Response(asyncio.Protocol):
         self.idle = False  # pooled, no request on it: bytes arriving now answer nothing
         self.complete = self.headed = False
         self._head_bytes = 0
-        self._framed = self._paused = self._keep = self._full = False
+        self._framed = self._paused = self._keep = self._full = self._interim = False
         self._body: list[bytes] = []
         self._held = 0
         self._error: Exception | None = None
@@ -131,7 +131,11 @@ class Response(asyncio.Protocol):
         self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
+        status = self._parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # an interim answer (103 Early Hints): the real one follows
+            self.headers, self._framed, self._interim = [], False, True
+            return
+        self.status = status
         self.headed = True
 
     def on_body(self, body: bytes) -> None:
@@ -139,6 +143,9 @@ class Response(asyncio.Protocol):
         self._held += len(body)
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         self.complete = True
         self._keep = self._parser.should_keep_alive()  # llhttp forgets it once the message is over
 
@@ -166,22 +173,24 @@ class Response(asyncio.Protocol):
 
     async def pipe(self, sink: Sink, timeout_s: float) -> None:
         """Every body byte to ``sink`` as it is read, until the answer's end. TimeoutError after
-        ``timeout_s`` without a read (the gap, as ``chunk``); the worker's error as ``chunk`` raises it,
-        after the bytes before it; ConnectionResetError from ``sink.drain`` when the client is gone."""
+        ``timeout_s`` without a read (the gap, as ``chunk``); the worker's error before the end raises
+        it, after the bytes before it; what ``sink.drain`` raises when the client is gone."""
         self._sink = sink
         try:
             if self._body and not sink.write(self._take()):  # what came with the head
                 self._full = True
+            else:  # reading may have paused before the relay piped (past the high water with the head)
+                self._resume()
             self._read_at = asyncio.get_running_loop().time()
             while True:
                 if self._full:
                     await sink.drain()
                     self._full = False
                     self._resume()
+                elif self.complete:  # bytes after the end (an error now) do not undo a whole answer
+                    return
                 elif self._error is not None:
                     raise self._error
-                elif self.complete:
-                    return
                 else:
                     await self._wait_read(timeout_s)
         finally:
