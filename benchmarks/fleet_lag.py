@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.fleet.nats
 
 from cacheon.fleet.consumer import PlaneConsumer
 from cacheon.fleet.relay import Followed, Relay, RelaySettings
+from cacheon.gateway.heap import freeze_startup_objects
 from cacheon.kv.contracts import for_version
 from cacheon.kv.feed import Delivery
 from cacheon.kv.index import BlockIndex
@@ -143,6 +144,11 @@ def serve(role: str, endpoint: str, url: str, conn: Connection) -> None:
     """A child process: one part, answering ``count``, ``take`` and ``stop`` from the publisher."""
     lags = Lags()
     close = STARTS[role](endpoint, url, lags)
+    # As deployed: `gateway serve` and `kv relay` freeze their start-up heap, a relay with CPython's thresholds.
+    if role == "relay":
+        freeze_startup_objects(thresholds=None)
+    else:
+        freeze_startup_objects()
     conn.send("ready")
     while (cmd := conn.recv()) != "stop":
         conn.send(len(lags.lags) if cmd == "count" else lags.take())
