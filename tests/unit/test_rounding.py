@@ -15,11 +15,14 @@ from cacheon.verify.compare import compare
 from cacheon.verify.rounding import rounding_errors, widened
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "bundles" / "moe-torch" / "kernels" / "fused_experts.py"
-# A stability-sized draw of verify's own generator (heavy tails: a Cauchy bulk and massive outliers) on which the
-# honest example kernel's float32 error passes the fixed bound (1e-4 + 1e-4 |ref|): found among 3,000 such draws.
+# Stability-sized draws of verify's own generator (heavy tails: a Cauchy bulk and massive outliers) on which the
+# honest example kernel's float32 error passes the fixed bound (1e-4 + 1e-4 |ref|): the first found among 3,000
+# such draws on an Intel Xeon, the others among 400 on an AMD EPYC (where the first passes: which draw crosses
+# the bound depends on the CPU's float32 summation order), each up to 3x past it; about 1 draw in 16 does.
 CASE = ShapeCase({"T": 3, "E": 8, "K": 2, "H": 256, "I": 128})
 HEAVY = Statistics(magnitude=3.68680704911431, tail_df=1, outliers=0.00021363899341936198)
-SEED = 840857012119788585
+SEEDS = (840857012119788585, 8822521787692901890, 283160058374947927, 4981631409578426114, 6665071974879155113,
+         889180137225524857)
 
 
 def _honest() -> Callable[..., None]:
@@ -47,9 +50,9 @@ def _in_bfloat16(inputs: Inputs, out: torch.Tensor) -> None:
     out.copy_(acc)
 
 
-def _judged(kernel: Callable[[Inputs, torch.Tensor], None]) -> tuple[bool, bool]:
-    """(passes the fixed bound, passes the bound widened by the input's rounding) on the heavy draw."""
-    inputs = make_inputs(MOE_FUSED_EXPERTS, CASE, "float32", SEED, HEAVY)
+def _judged(kernel: Callable[[Inputs, torch.Tensor], None], seed: int) -> tuple[bool, bool]:
+    """(passes the fixed bound, passes the bound widened by the input's rounding) on the heavy draw ``seed``."""
+    inputs = make_inputs(MOE_FUSED_EXPERTS, CASE, "float32", seed, HEAVY)
     reference = MOE_FUSED_EXPERTS.reference(inputs, {})
     out = torch.empty_like(inputs["x"])
     kernel(inputs, out)
@@ -59,19 +62,22 @@ def _judged(kernel: Callable[[Inputs, torch.Tensor], None]) -> tuple[bool, bool]
     return fixed, compare("matched_ratio", widened(tol, error), out, reference["out"]).ok
 
 
-def test_an_honest_kernel_on_a_heavy_tailed_draw_passes_only_with_the_bound_that_scales() -> None:
-    assert _judged(_honest()) == (False, True)
+def test_an_honest_kernel_on_heavy_tailed_draws_passes_only_with_the_bound_that_scales() -> None:
+    honest = _honest()
+    judged = [_judged(honest, seed) for seed in SEEDS]
+    assert all(widened for _fixed, widened in judged), judged
+    assert not all(fixed for fixed, _widened in judged), judged  # the negative control: the fixed bound rejects it
 
 
 def test_a_lower_precision_shortcut_still_fails_under_the_widened_bound() -> None:
-    assert _judged(_in_bfloat16) == (False, False)
+    assert [_judged(_in_bfloat16, seed) for seed in SEEDS] == [(False, False)] * len(SEEDS)
 
 
 def test_the_rounding_is_measured_only_where_the_tolerance_asks_and_is_small_on_plain_inputs() -> None:
-    plain = make_inputs(MOE_FUSED_EXPERTS, CASE, "float32", SEED)
+    plain = make_inputs(MOE_FUSED_EXPERTS, CASE, "float32", SEEDS[0])
     reference = MOE_FUSED_EXPERTS.reference(plain, {})
     error = rounding_errors(MOE_FUSED_EXPERTS, "float32", plain, {}, reference)["out"]
     assert 0.0 < error < 1e-5  # an O(1) input: the fixed atol (1e-4) is what bounds it
     assert rounding_errors(MOE_FUSED_EXPERTS, "bfloat16", plain, {}, reference) == {}  # not asked for there
-    silu = make_inputs(SILU_AND_MUL, SILU_AND_MUL.shapes[0], "float32", SEED)
+    silu = make_inputs(SILU_AND_MUL, SILU_AND_MUL.shapes[0], "float32", SEEDS[0])
     assert rounding_errors(SILU_AND_MUL, "float32", silu, {}, SILU_AND_MUL.reference(silu, {})) == {}
