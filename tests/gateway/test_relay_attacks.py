@@ -20,6 +20,7 @@ from cacheon.gateway import proxy
 from cacheon.gateway.upstream import Response, Upstream
 from cacheon.sim.launch import wait_until
 from tests.gateway.inproc import InProcessGateway, LoopThread
+from tests.gateway.test_upstream import RecordingSink
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -159,6 +160,13 @@ def failures(gw: InProcessGateway) -> int:
 # -- workers -----------------------------------------------------------------------------------------
 
 
+async def _whole_stream(writer: asyncio.StreamWriter, n: int) -> bool:
+    """A worker's script: one whole stream (the head, one event, the end) in one write, the connection kept."""
+    writer.write(HEAD + chunked(EVENT, DONE))
+    await writer.drain()
+    return True
+
+
 @pytest.mark.parametrize("extra", [HEAD + chunked(b"data: forged\n\n"), b"garbage\r\n"],
                          ids=["second-answer", "garbage"])
 def test_bytes_after_a_complete_answer_in_the_same_read_do_not_cut_the_stream(
@@ -243,20 +251,6 @@ def test_an_interim_1xx_answer_is_not_taken_as_the_answer(gateway: Any) -> None:
     assert (body, ended) == (EVENT + DONE, True)
 
 
-class _Takes:
-    """A client side that always has room."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-
-    def write(self, body: bytes) -> bool:
-        self.bodies.append(body)
-        return True
-
-    async def drain(self) -> None:
-        raise AssertionError("never full")
-
-
 def test_a_body_that_came_before_the_relay_piped_past_the_high_water_is_relayed() -> None:
     """BUG. More than ``_HIGH_WATER`` (128 KiB) of body arrives before ``pipe`` starts (one socket read of up
     to 256 KiB with the head does it; so does a loaded loop running the relay's task late): ``data_received``
@@ -287,7 +281,7 @@ def test_a_body_that_came_before_the_relay_piped_past_the_high_water_is_relayed(
             async with asyncio.timeout(5):  # the relay's task running late: the big event is read meanwhile
                 while not resp._paused:
                     await asyncio.sleep(0.005)
-            sink = _Takes()
+            sink = RecordingSink()
             events.set()
             await resp.pipe(sink, 1)  # the bug: TimeoutError after 1 s, DONE never read
             return sink.bodies
@@ -490,12 +484,7 @@ def test_an_http10_keep_alive_client_gets_a_stream_ended_by_the_close(gateway: A
     the server keeps the connection by ``resp.keep_alive``; ``Proxy._relay`` leans on that. Fix: in
     ``_relay``, ``if request.version < aiohttp.HttpVersion11: out.force_close()`` before ``prepare``."""
 
-    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(HEAD + chunked(EVENT, DONE))
-        await writer.drain()
-        return True
-
-    gw = gateway(script)
+    gw = gateway(_whole_stream)
     with _connect(gw) as s:
         s.settimeout(2)  # an upper bound: the close comes at once (the bug: TimeoutError)
         s.sendall(_request(version=b"1.0", extra=b"Connection: keep-alive\r\n"))
@@ -537,12 +526,7 @@ def test_expect_100_continue_gets_its_continue_then_the_stream(gateway: Any) -> 
     (the gateway reads the body), then the relayed stream, chunked and complete. The interim 100 is the
     gateway's own, written before the relay's raw writes start."""
 
-    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(HEAD + chunked(EVENT, DONE))
-        await writer.drain()
-        return True
-
-    gw = gateway(script)
+    gw = gateway(_whole_stream)
     with _connect(gw) as s:
         s.sendall(_request(b"", extra=b"Connection: close\r\nExpect: 100-continue\r\n").replace(
             b"Content-Length: 0", b"Content-Length: %d" % len(STREAM)))

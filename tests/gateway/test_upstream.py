@@ -142,17 +142,21 @@ def test_a_kept_connection_carries_the_next_stream_and_the_body_arrives_decoded(
     assert connections == 1
 
 
-class _Gone:
-    """A client side that is full at once and then gone: ``pipe`` pauses the worker's socket and drain raises."""
+class RecordingSink:
+    """A client side that keeps what ``pipe`` hands it: with ``room``, never full (a drain is a test error);
+    without, full at once and then gone (``pipe`` pauses the worker's socket and the drain raises)."""
 
-    def __init__(self) -> None:
+    def __init__(self, room: bool = True) -> None:
+        self.room = room
         self.bodies: list[bytes] = []
 
     def write(self, body: bytes) -> bool:
         self.bodies.append(body)
-        return False
+        return self.room
 
     async def drain(self) -> None:
+        if self.room:
+            raise AssertionError("never full")
         raise ConnectionResetError("the client closed the connection")
 
 
@@ -177,22 +181,11 @@ def test_a_piped_answer_reaches_its_sink_and_only_a_clean_end_pools_the_connecti
             writer.write(_chunked(b"data: 1\n\n", b"data: [DONE]\n\n"))
             await writer.drain()
 
-    class Kept:
-        def __init__(self) -> None:
-            self.bodies: list[bytes] = []
-
-        def write(self, body: bytes) -> bool:
-            self.bodies.append(body)
-            return True
-
-        async def drain(self) -> None:
-            raise AssertionError("never full")
-
     async def client(upstream: Upstream, url: str) -> object:
         sinks = []
         for _ in range(2):
             resp = await upstream.post(url, "/v1/completions", b"{}", {}, 5)
-            sink = _Gone() if client_leaves else Kept()
+            sink = RecordingSink(room=not client_leaves)
             sinks.append(sink)
             try:
                 await resp.pipe(sink, 5)
