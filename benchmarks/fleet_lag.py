@@ -92,12 +92,11 @@ class Lags:
 def start_direct(endpoint: str, _: str, lags: Lags) -> Callable[[], None]:
     sub = Subscriber(BlockIndex(), lags)
     sub.add_worker("w0", endpoint, CONTRACT, [0])
-    halt = threading.Event()
-    thread = threading.Thread(target=sub.run, args=(halt, 0.01), daemon=True)
+    thread = threading.Thread(target=sub.run, daemon=True)
     thread.start()
 
     def close() -> None:
-        halt.set()
+        sub.stop()
         thread.join(5)
         sub.close()
     return close

@@ -41,7 +41,7 @@ class RelayThread:
         self.loop.halt()
         _CRASHED.append(self.loop)
         for follow in list(self.relay.follows.values()):  # what the OS does to a dead process's sockets
-            follow.stop.set()
+            follow.subscriber.stop()
             follow.thread.join(5)
             follow.subscriber.close()
 

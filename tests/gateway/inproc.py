@@ -71,8 +71,10 @@ class Recorder:
 
     def __init__(self, loop: LoopThread) -> None:
         self.headers: list[dict[str, str]] = []
+        self.probes = 0  # GET /health calls
 
         async def health(_: web.Request) -> web.Response:
+            self.probes += 1
             return web.json_response({})
 
         async def complete(request: web.Request) -> web.StreamResponse:

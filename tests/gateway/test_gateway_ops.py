@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -162,6 +163,27 @@ def test_request_ids_reach_the_worker_and_come_back(loop: LoopThread, tmp_path: 
             200, "demo", "rr:round_robin", "rec", False)
         assert first["latency_ms"] > 0 and first["predicted_cached_tokens"] == 0
         assert fields[fresh.headers["x-request-id"]]["ttft_ms"] > 0
+    finally:
+        gw.close()
+        recorder.close()
+
+
+def test_a_worker_answering_requests_is_not_probed_a_quiet_one_is(loop: LoopThread, tmp_path: Path) -> None:
+    """A health probe is skipped while the worker answered within the interval (on SGLang a probe generates a
+    token): under steady traffic none go out; once it is quiet they come back at the cadence."""
+    recorder = Recorder(loop)
+    gw = InProcessGateway(loop, {"policy": "rr", "health_interval_s": 0.2,
+                                 "workers": [{"url": recorder.url, "id": "rec"}]}, tmp_path)
+    try:
+        wait_until(lambda: httpx.get(f"{gw.url}/readyz").status_code == 200, "the recorder to be healthy", 20)
+        busy_until, before = time.monotonic() + 1.2, recorder.probes
+        while time.monotonic() < busy_until:
+            assert complete(gw.url).status_code == 200
+            time.sleep(0.02)
+        busy = recorder.probes - before
+        time.sleep(1.2)
+        quiet = recorder.probes - before - busy
+        assert busy <= 1 and quiet >= 3, (busy, quiet)  # one may start before the first answer lands
     finally:
         gw.close()
         recorder.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -157,3 +158,35 @@ def test_a_frame_past_the_payload_bound_is_refused_by_zmq_before_it_is_buffered(
         pub.kill()
         pub.wait()
     assert index.longest_prefix([11]) != {}
+
+
+def test_a_quiet_publisher_costs_no_wake_ups_and_stop_ends_the_sleep(wire, monkeypatch) -> None:
+    """``run`` sleeps in the poll while nothing comes (no tick: a 50 ms one woke each worker's thread 20 times
+    a second), wakes for a batch, and ``stop`` from another thread ends the sleep at once."""
+    pub, endpoint, _ = wire
+    index, seen, polls = BlockIndex(), [], []
+    subscriber = Subscriber(index, seen.append)
+    inner = subscriber.poll
+    monkeypatch.setattr(subscriber, "poll", lambda timeout_s: polls.append(timeout_s) or inner(timeout_s))
+    subscriber.add_worker("w", endpoint, for_version(PIN), [0])
+    thread = threading.Thread(target=subscriber.run, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.3)  # connected meanwhile: the monitor's one event
+        quiet = len(polls)
+        time.sleep(0.6)
+        assert len(polls) == quiet, f"{len(polls) - quiet} polls in 0.6 s of silence"
+        deadline = time.monotonic() + WAIT_S
+        while not seen:  # a PUB drops what it sends before the subscription reaches it: send until one lands
+            assert time.monotonic() < deadline
+            pub.send_multipart([b"", (1).to_bytes(8, "big"), STORED])
+            time.sleep(0.05)
+        assert index.longest_prefix([11]) == {("w", 0): 1}
+        started = time.monotonic()
+        subscriber.stop()
+        thread.join(5)
+        assert not thread.is_alive() and time.monotonic() - started < 0.5
+    finally:
+        subscriber.stop()
+        thread.join(5)
+        subscriber.close()

@@ -143,9 +143,7 @@ class _Follow:
                                      bounds=relay.settings.bounds, max_replay=relay.settings.max_replay)
         self.subscriber.add_worker(found.worker, found.endpoint_base, found.contract, range(found.dp_size),
                                    replay_base=found.replay_base)
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.subscriber.run, args=(self.stop, 0.05), daemon=True,
-                                       name=f"relay-{found.worker}")
+        self.thread = threading.Thread(target=self.subscriber.run, daemon=True, name=f"relay-{found.worker}")
         self.thread.start()
         self.task = asyncio.create_task(self._publish_loop())
 
@@ -215,7 +213,7 @@ class _Follow:
         self.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.task
-        self.stop.set()
+        self.subscriber.stop()
         await asyncio.to_thread(self.thread.join, 5)
         self.subscriber.close()
         for rank in range(self.found.dp_size):

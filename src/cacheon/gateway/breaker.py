@@ -9,12 +9,13 @@ import time
 class Breaker:
     """Opens on the ``threshold``-th consecutive failure, for ``open_s``; requests skip it while open."""
 
-    __slots__ = ("failures", "open_s", "open_until", "threshold")
+    __slots__ = ("answered_at", "failures", "open_s", "open_until", "threshold")
 
     def __init__(self, threshold: int = 3, open_s: float = 30.0) -> None:
         self.threshold, self.open_s = threshold, open_s
         self.failures = 0
         self.open_until = 0.0
+        self.answered_at = -float("inf")  # time.monotonic() of the last answer, for the health check
 
     def failed(self) -> None:
         self.failures += 1
@@ -24,6 +25,7 @@ class Breaker:
     def succeeded(self) -> None:
         """An answer came: the count starts again (an open breaker stays open until its time is up)."""
         self.failures = 0
+        self.answered_at = time.monotonic()
 
     def reset(self) -> None:
         """The worker came back (its health check passed after failing): closed at once."""

@@ -23,9 +23,7 @@ class WorkerFeeds:
         self._index = index
         self.subscriber = Subscriber(index, echo, bounds=bounds, max_replay=max_replay)
         self.subscriber.add_worker(worker_id, endpoint_base, contract, range(dp_size), replay_base=replay_base)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self.subscriber.run, args=(self._stop, 0.05), daemon=True,
-                                        name=f"kv-{worker_id}")
+        self._thread = threading.Thread(target=self.subscriber.run, daemon=True, name=f"kv-{worker_id}")
         self._thread.start()
 
     def serves(self, contract: WireContract, dp_size: int) -> bool:
@@ -53,7 +51,7 @@ class WorkerFeeds:
 
     def close(self) -> None:
         """Stop the thread, forget the worker's blocks, close the sockets."""
-        self._stop.set()
+        self.subscriber.stop()
         self._thread.join(timeout=5)
         for feed in self.subscriber.feeds:
             self._index.drop(feed.source)

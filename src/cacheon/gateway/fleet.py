@@ -280,12 +280,19 @@ class Fleet:
                 await self._check(w)
 
     async def _check(self, w: Worker) -> None:
-        """Active health check; restarts, reconnects, rejects and the cadence trigger re-attestation."""
-        try:
-            async with self.client.get(f"{w.url}/health", timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
-                ok = resp.status == 200
-        except TRANSPORT_ERRORS:
-            ok = False
+        """Health check; restarts, reconnects, rejects and the cadence trigger re-attestation.
+
+        A healthy worker that answered a request within the interval passed it already: the probe is
+        skipped. On SGLang ``/health`` generates a token, so a probe of a busy worker costs its engine
+        a prefill and the gateway an HTTP call for nothing the answers have not said."""
+        if w.healthy and time.monotonic() - w.breaker.answered_at < self.cfg.health_interval_s:
+            ok = True
+        else:
+            try:
+                async with self.client.get(f"{w.url}/health", timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+                    ok = resp.status == 200
+            except TRANSPORT_ERRORS:
+                ok = False
         came_back = ok and not w.healthy
         w.healthy = ok
         if ok and came_back:

@@ -2,11 +2,15 @@
 
 The thin socket loop: each ``RankFeed`` joins a live socket (``transport``) and a replay client
 (``replay``) to a socket-free ``Feed``, which decides (``sequencer``), decodes (``wire``) and
-applies (``index``). ZMQ sockets are not thread-safe, so one thread owns them all.
+applies (``index``). ZMQ sockets are not thread-safe, so one thread owns them all, and it sleeps
+in the poll until traffic comes or ``stop`` writes to a wake pipe: a followed worker costs no
+wake-ups while it is quiet (a 50 ms poll tick was 20 a second per worker, 2.5 % of a core for a
+gateway idling beside 8 workers; benchmarks/README.md).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 
@@ -89,6 +93,9 @@ class Subscriber:
         self._poller = zmq.Poller()
         self._on_delivery, self._on_clear = on_delivery, on_clear
         self._replay_timeout_s = replay_timeout_s
+        self._stopping = threading.Event()
+        self._wake_read, self._wake_write = os.pipe()  # a pipe: written from any thread, polled beside the sockets
+        self._poller.register(self._wake_read, zmq.POLLIN)
 
     def add_worker(
         self,
@@ -123,18 +130,25 @@ class Subscriber:
             feeds.append(feed)
         return feeds
 
-    def poll(self, timeout_s: float) -> int:
-        """Wait up to ``timeout_s`` for traffic, then handle what is there; returns messages."""
-        ready = dict(self._poller.poll(int(timeout_s * 1000)))
+    def poll(self, timeout_s: float | None) -> int:
+        """Wait up to ``timeout_s`` (None: until traffic or ``stop``), then handle what is there; returns messages."""
+        ready = dict(self._poller.poll(None if timeout_s is None else int(timeout_s * 1000)))
+        if self._wake_read in ready:
+            os.read(self._wake_read, 4096)  # stop's byte: the poll said it is there
         for feed in self.feeds:
             if feed.socket.monitor in ready:
                 feed.watch()  # before messages, so a reconnect is known when its data arrives
         return sum(feed.receive() for feed in self.feeds if feed.socket.sub in ready)
 
-    def run(self, stop: threading.Event, tick_s: float = 0.1) -> None:
-        """Poll until ``stop`` is set (for a background thread)."""
-        while not stop.is_set():
-            self.poll(tick_s)
+    def run(self) -> None:
+        """Poll until ``stop`` (for a background thread), asleep in between."""
+        while not self._stopping.is_set():
+            self.poll(None)
+
+    def stop(self) -> None:
+        """Make ``run`` return soon, from any thread: it ends the poll through the wake pipe."""
+        self._stopping.set()
+        os.write(self._wake_write, b"\0")
 
     def totals(self) -> FeedCounters:
         """Counters summed over every feed."""
@@ -148,6 +162,9 @@ class Subscriber:
         return self.totals().as_dict()
 
     def close(self) -> None:
+        """After ``run`` has returned (sockets belong to the polling thread)."""
         for feed in self.feeds:
             feed.close()
         self._ctx.term()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
