@@ -78,7 +78,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{args.workers} quiet simulated workers, {args.seconds:g} s each; load average "
           f"{os.getloadavg()[0]:.1f}", flush=True)
-    print(f"{'router':<20}{'CPU ms/s':>10}{'loop ms/s':>12}{'others ms/s':>14}{'threads':>10}{'busy others':>14}", flush=True)
+    print(f"{'router':<20}{'CPU ms/s':>10}{'loop ms/s':>12}{'others ms/s':>14}{'threads':>10}{'busy others':>14}",
+          flush=True)
     for router in args.routers.split(","):
         with tempfile.TemporaryDirectory(prefix="cacheon-idle-") as tmp:
             print(measure(router, args, Path(tmp)), flush=True)

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,13 @@ def chunked(*events: bytes, end: bytes = b"0\r\n\r\n") -> bytes:
 class RawWorker:
     """A worker on raw TCP: SGLang's discovery routes answered plainly, each POST by ``script(writer, n)``
     (n: the POST's number, from 1), which writes the answer's bytes itself and says whether the connection
-    stays open. ``connections``: the connection each POST came on, by number (discovery's count too)."""
+    stays open. ``connections``: the connection each POST came on, by number (discovery's count too);
+    ``heads``: each POST's request head as it came."""
 
     def __init__(self, loop: LoopThread, script: Script) -> None:
         self.script, self.posts, self.made = script, 0, 0
         self.connections: list[int] = []
+        self.heads: list[bytes] = []
         self._loop = loop
 
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -67,6 +70,7 @@ class RawWorker:
                         continue
                     self.posts += 1
                     self.connections.append(mine)
+                    self.heads.append(head)
                     if not await self.script(writer, self.posts):
                         writer.close()
                         return
@@ -591,3 +595,287 @@ def test_a_client_that_stops_reading_then_vanishes_frees_the_worker_and_the_pool
     assert statuses == [499, 200]
     assert failures(gw) == 0
     assert len(set(gw.worker.connections)) == 2  # type: ignore[attr-defined]
+
+
+# -- what the gateway reads whole, the headers it passes on, clients that stop reading ---------------------
+
+
+PLAIN = b'{"model": "demo", "prompt": "x"}'
+
+
+def _answer(stream: bool, head: bytes) -> bytes:
+    """A whole answer with ``head``'s extra header lines: a short stream, or a JSON object by its length."""
+    if stream:
+        return HEAD.replace(b"\r\n\r\n", b"\r\n" + head + b"\r\n\r\n") + chunked(EVENT, DONE)
+    body = b'{"choices": [{"text": " ok"}]}'
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%b\r\nContent-Length: %d\r\n\r\n%b"
+            % (head, len(body), body))
+
+
+def _headers(head: bytes) -> list[tuple[bytes, bytes]]:
+    """A response head's header lines, in order, names lowered."""
+    lines = head.split(b"\r\n")[1:]
+    return [(name.strip().lower(), value.strip()) for name, _, value in (line.partition(b":") for line in lines)]
+
+
+@pytest.mark.parametrize(("stream", "status", "limit"), [(True, 500, 1 << 16), (False, 500, 1 << 16),
+                                                         (False, 200, 1 << 20)], ids=["streamed-5xx", "5xx", "2xx"])
+def test_a_body_read_whole_is_cut_at_its_bound_and_fails_the_worker(
+        gateway: Any, stream: bool, status: int, limit: int) -> None:
+    """BUG. What the gateway reads whole from a worker (a streamed answer's 5xx, to answer with if no worker
+    is left; a non-streamed answer) was read with no bound: a broken worker sending 64 MiB (or an endless
+    body) made the gateway hold all of it, and pass it on. Now a 5xx body past 64 KiB, a non-streamed answer
+    past ``max_answer_bytes``, is the worker's failure (its breaker counts it): the worker is cut off near
+    the bound and the client gets an OpenAI error naming it, never the body."""
+    big, sent = 64 << 20, [0]
+
+    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b'7\r\n{"x": "\r\n' % status)
+        piece = b"a" * (64 << 10)
+        while sent[0] < big:
+            writer.write(b"%x\r\n%b\r\n" % (len(piece), piece))
+            await writer.drain()  # raises once the gateway hangs up
+            sent[0] += len(piece)
+        writer.write(chunked(b'"}'))
+        await writer.drain()
+        return False
+
+    gw = gateway(script, max_answer_bytes=1 << 20)
+    head, body, _, _ = exchange(gw, _request(STREAM if stream else PLAIN))
+    assert head.split(b" ")[1] == b"503", head  # the bug: the worker's 500 (or 200) with its 64 MiB body
+    error = msgspec.json.decode(body)["error"]
+    assert f"larger than the gateway takes ({limit} bytes)" in error["message"]
+    assert failures(gw) == 1
+    assert sent[0] < 16 << 20  # cut off near the bound (loopback's socket buffers beside), not read to the end
+
+
+@pytest.mark.parametrize("where", ["head", "5xx-body"])
+def test_a_worker_that_trickles_what_is_read_whole_is_cut_at_the_timeout(gateway: Any, where: str) -> None:
+    """Found attacking the bound above. A streamed answer's head, and a 5xx's body, are read whole; each wait
+    on the worker timed out only after ``request_timeout_s`` with nothing new, so a worker sending a byte
+    every 0.1 s held the client for as long as it had bytes (a head may be 64 KiB: ~2 hours). Both are now
+    bounded in all by ``request_timeout_s`` (as aiohttp's total is for a non-streamed call): a 503."""
+    answer = b"HTTP/1.1 500 X\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
+        if where == "head":
+            trickled = answer
+        else:
+            writer.write(answer)
+            trickled = chunked(b"x" * 100)
+        for byte in trickled:  # ~8-11 s in all, well past the timeout
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0.1)
+        return False
+
+    gw = gateway(script, request_timeout_s=1)
+    started = time.monotonic()
+    head, body, _, _ = exchange(gw)
+    assert time.monotonic() - started < 2.5  # the bug: ~8 s (head), ~11 s (the 5xx's body)
+    assert head.split(b" ")[1] == b"503", head
+    assert "no answer within 1 s" in msgspec.json.decode(body)["error"]["message"]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
+def test_a_workers_repeated_headers_reach_the_client_as_they_came(gateway: Any, stream: bool) -> None:
+    """BUG. ``_passed`` made a dict of the worker's headers: of several Set-Cookie, Vary or Link only the last
+    reached the client. They pass on in order now, each value as it came (UTF-8 included: the stream's client
+    decoded it as Latin-1, and aiohttp wrote it back as UTF-8, doubling it), and the gateway's own headers
+    still replace any the worker sent by the same name."""
+    sent = (b"Set-Cookie: a=1\r\nVary: accept\r\nSet-Cookie: b=2\r\nLink: </a>; rel=preload\r\nVary: origin\r\n"
+            b"Set-Cookie: c=3\r\nLink: </b>; rel=preload\r\nX-Name: caf\xc3\xa9\r\n"
+            b"x-cacheon-worker: forged\r\nX-Cacheon-Worker: forged-again\r\nx-request-id: forged")
+
+    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(_answer(stream, sent))
+        await writer.drain()
+        return True
+
+    gw = gateway(script)
+    head, _, _, _ = exchange(gw, _request(STREAM if stream else PLAIN))
+    got = _headers(head)
+    for name in (b"set-cookie", b"vary", b"link", b"x-name"):
+        assert [v for k, v in got if k == name] == [v for k, v in _headers(b"\r\n" + sent) if k == name], name
+    assert [v for k, v in got if k == b"x-cacheon-worker"] == [gw.worker.url.encode()]  # type: ignore[attr-defined]
+    assert [v for k, v in got if k == b"x-request-id"] != [b"forged"]
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
+def test_headers_a_workers_connection_header_names_are_not_passed_on(gateway: Any, stream: bool) -> None:
+    """BUG. RFC 9110 7.6.1: a header named in ``Connection`` is for that hop only, and a proxy removes it; the
+    gateway removed only its fixed hop-by-hop set. Now every name in every Connection header goes too (one
+    that names a header the gateway sets removes only the worker's), as do the standard hop-by-hop headers."""
+    sent = (b"Connection: keep-alive, X-Private , x-cacheon-route\r\nConnection: X-Second\r\nX-Private: secret\r\n"
+            b"X-Second: secret\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nTrailer: X-T\r\nProxy-Connection: x\r\n"
+            b"x-cacheon-route: forged\r\nX-Kept: yes")
+
+    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(_answer(stream, sent))
+        await writer.drain()
+        return True
+
+    gw = gateway(script)
+    head, _, ended, _ = exchange(gw, _request(STREAM if stream else PLAIN))
+    names = [k for k, _ in _headers(head)]
+    assert not {b"x-private", b"x-second", b"keep-alive", b"te", b"trailer", b"proxy-connection"} & set(names), head
+    assert [v for k, v in _headers(head) if k == b"x-cacheon-route"] == [b"rr:round_robin"]
+    assert b"x-kept" in names and ended
+
+
+def test_no_header_the_client_sends_reaches_the_worker_so_no_hop_by_hop_one_does(gateway: Any) -> None:
+    """Pinned (it holds: the gateway builds a worker request's headers itself, keeping only a sane
+    ``x-request-id`` and its own hop mark), because RFC 9110 7.6.1 applies to requests too: what a client names
+    in ``Connection``, and the hop-by-hop headers, must not reach the worker on either client."""
+    nominated = (b"Connection: close, X-Private, x-request-id\r\nX-Private: secret\r\nKeep-Alive: timeout=5\r\n"
+                 b"TE: trailers\r\nProxy-Connection: keep-alive\r\nCookie: a=1\r\nx-request-id: r1\r\n")
+
+    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(_answer(n == 1, b"X-Kept: yes"))
+        await writer.drain()
+        return True
+
+    gw = gateway(script)
+    for body in (STREAM, PLAIN):
+        exchange(gw, _request(body, extra=nominated))
+    for head in gw.worker.heads:  # type: ignore[attr-defined]
+        names = {k for k, _ in _headers(head)}
+        assert not {b"x-private", b"keep-alive", b"te", b"proxy-connection", b"cookie"} & names, head
+        assert b"x-request-id: r1" in head  # the gateway's own use of it (the request's id), as the gateway's header
+
+
+def _client(gw: InProcessGateway) -> socket.socket:
+    """A client socket with a small receive buffer (so its side fills soon), connected, its request sent."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    host, port = gw.url.removeprefix("http://").rsplit(":", 1)
+    s.settimeout(10)
+    s.connect((host, int(port)))
+    s.sendall(_request())
+    return s
+
+
+def _access(caplog: pytest.LogCaptureFixture) -> dict[str, Any]:
+    wait_until(lambda: any(r.name == "cacheon.access" for r in caplog.records), "the access line", 10)
+    fields: dict[str, Any] = next(r for r in caplog.records if r.name == "cacheon.access").fields  # type: ignore[attr-defined]
+    return fields
+
+
+@pytest.mark.parametrize("reads", [False, True], ids=["never-reads", "a-byte-at-a-time"])
+def test_a_client_that_stops_reading_is_dropped_and_frees_its_worker(
+        gateway: Any, sinks: list[Any], caplog: pytest.LogCaptureFixture, reads: bool) -> None:
+    """BUG. A streaming client that never reads (or takes a byte every 0.1 s) while its worker floods: the
+    relay pauses the worker and waits in ``ClientSink.drain`` with no bound, holding the worker's connection
+    (and its slot on the engine) for as long as the client keeps its socket open. Now a client whose side
+    stays full for ``client_write_timeout_s`` is dropped: its connection aborted (closed at once, not left
+    to flush to a client that may never read), the worker's closed (the engine aborts), a 499 that is the
+    client's, never a failure of the worker's."""
+    event = b"data: " + b"f" * (16 << 10) + b"\n\n"
+    aborted = threading.Event()
+
+    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(HEAD)
+        try:
+            for _ in range(1 << 16):  # until the gateway hangs up (1 GiB: never reached)
+                writer.write(chunked(event, end=b""))
+                await writer.drain()  # waits while the gateway holds the worker back
+        except ConnectionError:
+            aborted.set()
+        return False
+
+    gw = gateway(script, client_write_timeout_s=1)
+    with caplog.at_level("INFO", logger="cacheon.access"), _client(gw) as s:
+        got = []
+        while reads and not aborted.is_set():
+            got.append(s.recv(1))
+            time.sleep(0.1)
+        assert aborted.wait(10), "the worker's connection stayed open for a client that does not read"
+        socket_of = sinks[0]._transport.get_extra_info("socket")
+        wait_until(lambda: socket_of.fileno() == -1, "the gateway's side of the client's connection closed", 5)
+        raw = b"".join(got) + _read_all(s)  # the gateway closed the client's connection: the read ends
+    body, ended, _ = dechunk(raw.partition(b"\r\n\r\n")[2])
+    assert body.startswith(event) and not ended
+    fields = _access(caplog)
+    assert fields["status"] == 499 and fields["error"] == "client stopped reading: its side stayed full for 1 s"
+    assert (failures(gw), gw.gateway.metrics.upstream_errors.labels("w0")._value.get()) == (0, 0)
+    assert gw.gateway.fleet.workers["w0"].in_flight == 0
+
+
+def test_a_client_that_stops_reading_at_the_very_end_is_dropped_too(
+        gateway: Any, sinks: list[Any], caplog: pytest.LogCaptureFixture) -> None:
+    """Found attacking the bound above. The relay bounds its waits on the client inside ``pipe``; after a
+    complete answer, ``out.write_eof()`` writes the last chunk and waits (aiohttp's drain) with no bound
+    when that chunk is what fills the client's side: a client that stops reading just then held the request
+    for ever (no access line, the worker's in-flight count never back). The worker here sends its last
+    event so the client's side ends 2 bytes under the high water; the zero chunk tips it over."""
+    event = b"data: " + b"g" * (4 << 10) + b"\n\n"
+    high = 1 << 16  # the client transport's high water (asyncio's default, and CLIENT_HIGH_WATER)
+
+    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(HEAD)
+        await _until(lambda: bool(sinks), "the relay piping")
+        sink, sent = sinks[0], 0
+        for _ in range(4096):  # until the gateway holds bytes for the client, close under the high water
+            writer.write(chunked(event, end=b""))
+            await writer.drain()
+            sent += len(event)
+            await _until(lambda sent=sent: sink.got == sent, "the gateway relaying the event")
+            held = sink._transport.get_write_buffer_size()
+            if held and high - held < 2 * len(event):
+                break
+        room = high - 2 - held - len(b"\r\n\r\n")  # what the last chunk's framed body may take
+        last = b"data: " + b"h" * (room - len(b"%x" % room) - len(b"data: \n\n" + DONE)) + b"\n\n" + DONE
+        assert len(b"%x\r\n%b\r\n" % (len(last), last)) == high - 2 - held
+        writer.write(chunked(last))
+        await writer.drain()
+        return True
+
+    gw = gateway(script, client_write_timeout_s=1)
+    with caplog.at_level("INFO", logger="cacheon.access"), _client(gw):
+        fields = _access(caplog)  # the bug: no access line, ever
+    assert fields["status"] == 499 and fields["error"].startswith("client stopped reading")
+    assert failures(gw) == 0 and gw.gateway.fleet.workers["w0"].in_flight == 0
+
+
+def test_a_client_slower_than_the_gap_timeout_does_not_make_a_silent_worker(
+        gateway: Any, sinks: list[Any]) -> None:
+    """BUG, found tidying the two waits into one. A client that stops reading longer than
+    ``request_timeout_s`` (allowed: only ``client_write_timeout_s`` bounds it), the worker's last read
+    being what filled the client's side, the worker quiet until the client reads again: reading resumed
+    with the gap counted from the last read before the pause, so the timer ran out at once and the stream
+    was cut as a silent worker (an error event, a breaker failure). A worker held back was not silent: the gap
+    counts from when reading resumes."""
+    small, big = b"data: " + b"y" * (16 << 10) + b"\n\n", b"data: " + b"z" * (96 << 10) + b"\n\n"
+    full, reading = threading.Event(), threading.Event()
+
+    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(HEAD)
+        await _until(lambda: bool(sinks), "the relay piping")
+        sink, sent = sinks[0], 0
+        for _ in range(4096):  # until the gateway holds bytes for the client (its kernel buffers full)
+            writer.write(chunked(small, end=b""))
+            await writer.drain()
+            sent += len(small)
+            await _until(lambda sent=sent: sink.got == sent, "the gateway relaying the event")
+            if sink._transport.get_write_buffer_size() > 0:
+                break
+        writer.write(chunked(big, end=b""))  # the last read for a while: past the client's high water
+        await writer.drain()
+        await _until(lambda: sink._transport.get_write_buffer_size() > proxy.CLIENT_HIGH_WATER, "full")
+        full.set()
+        await _until(reading.is_set, "the client reading again", 10)
+        await asyncio.sleep(0.3)  # quiet, well inside the 1 s gap once reading resumed
+        writer.write(chunked(DONE))
+        await writer.drain()
+        return True
+
+    gw = gateway(script, request_timeout_s=1)
+    with _client(gw) as s:
+        assert full.wait(20), "the relay never held the worker back"
+        time.sleep(1.5)  # longer than the gap timeout
+        reading.set()
+        raw = _read_all(s)
+    body, ended, _ = dechunk(raw.partition(b"\r\n\r\n")[2])
+    assert body.endswith(DONE) and ended, body[-200:]  # the bug: an error event, the stream cut
+    assert failures(gw) == 0

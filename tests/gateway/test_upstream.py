@@ -89,7 +89,7 @@ def test_bytes_a_worker_sends_unasked_answer_nothing(later: bool) -> None:
         answers = []
         for _ in range(2):
             resp = await upstream.post(url, "/v1/completions", b"{}", {}, 5)
-            answers.append(await resp.read(5))
+            answers.append(await resp.read(5, 1 << 16))
             upstream.done(resp)
             await asyncio.sleep(0.1)  # the forged answer arrives while the connection is idle
         return answers
@@ -134,7 +134,7 @@ def test_a_kept_connection_carries_the_next_stream_and_the_body_arrives_decoded(
         bodies = []
         for _ in range(3):
             resp = await upstream.post(url, "/v1/completions", b"{}", {"x-request-id": "r1"}, 5)
-            bodies.append((resp.status, await resp.read(5)))
+            bodies.append((resp.status, await resp.read(5, 1 << 16)))
             upstream.done(resp)
         return bodies
 
@@ -196,3 +196,34 @@ def test_a_piped_answer_reaches_its_sink_and_only_a_clean_end_pools_the_connecti
 
     assert _run(serve, client) == [b"data: 1\n\ndata: [DONE]\n\n"] * 2
     assert connections == (2 if client_leaves else 1)
+
+
+def test_a_connection_idle_past_the_timeout_still_carries_the_next_answer() -> None:
+    """The waits time out by the gap since ``_read_at``: the request's write must start it, or an answer would
+    time out at once on a new connection (no read yet) and on one pooled for longer than the timeout (its last
+    read long past)."""
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                await _request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            await asyncio.sleep(0.1)  # the answer is not in the request's own reads
+            writer.write(OK + _chunked(b"data: 1\n\n"))
+            await writer.drain()
+
+    async def client(upstream: Upstream, url: str) -> object:
+        bodies = []
+        for _ in range(2):
+            resp = await upstream.post(url, "/v1/completions", b"{}", {}, 0.5)
+            bodies.append(await resp.read(0.5, 1 << 16))
+            upstream.done(resp)
+            await asyncio.sleep(0.7)  # idle in the pool past the timeout
+        return bodies
+
+    assert _run(serve, client) == [b"data: 1\n\n"] * 2
+    assert connections == 1

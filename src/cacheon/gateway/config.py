@@ -245,8 +245,15 @@ class GatewayConfig(msgspec.Struct, **_CONFIG):
     event_plane: Annotated[EventPlaneConfig | None, Meta(
         description="fleet state through NATS JetStream; null: each worker's ZMQ publisher directly")] = None
     request_timeout_s: Annotated[Seconds, Meta(
-        description="upstream timeout: a whole call; for a stream, the longest gap between chunks")] = 60.0
+        description="upstream timeout: a whole call; for a stream, its head (and a 5xx's body) in all, then "
+        "the longest gap between chunks")] = 60.0
     max_body_bytes: Annotated[Positive, Meta(description="largest request body (413 beyond)")] = 32 << 20
+    max_answer_bytes: Annotated[Positive, Meta(
+        description="largest non-streamed answer a worker may send (read whole); past it the worker has failed "
+        "(a 5xx's body: 64 KiB)")] = 128 << 20
+    client_write_timeout_s: Annotated[Seconds, Meta(
+        description="a streaming client whose side stays full (it does not read) this long is dropped (499), "
+        "freeing its worker")] = 30.0
     keepalive_timeout_s: Annotated[Seconds, Meta(
         description="a client connection with no complete request head for this long is closed: idle "
         "between requests, or headers still arriving (the header read deadline)")] = 15.0

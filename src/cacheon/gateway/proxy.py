@@ -5,8 +5,12 @@ ends in one ``Outcome``, recorded in one place (``recorder``). A client that lea
 handler (the server runs with handler cancellation), which closes the upstream connection: that is
 how a worker learns to abort. A worker that dies mid-stream leaves the client an error event and
 an unterminated stream, never a clean end; a non-streamed 2xx that is not a JSON object counts as
-that worker's failure. Forwarded requests carry this gateway's hop mark: one that comes back is
-refused, so a gateway registered as its own worker cannot loop.
+that worker's failure, as does a body read whole past its bound (``max_answer_bytes``, or
+``ERROR_BODY_BYTES`` for a 5xx). A streaming client whose side stays full past
+``client_write_timeout_s`` is dropped (its own failure, 499), freeing the worker. Forwarded requests
+carry this gateway's hop mark: one that comes back is refused, so a gateway registered as its own
+worker cannot loop. Only headers the gateway makes go to a worker; a worker's response headers reach
+the client as they came (repeats kept) minus hop-by-hop ones.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import asyncio
 import functools
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
@@ -23,6 +27,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
+from multidict import CIMultiDict
 from yarl import URL
 
 from cacheon.gateway.config import GatewayConfig
@@ -36,12 +41,17 @@ from cacheon.gateway.prompt import Prompt, Route, decode, encode, prompt_of, reu
 from cacheon.gateway.recorder import CLIENT_GONE, Attempt, Outcome, Recorder, log
 from cacheon.gateway.refusals import Refusal, Rejected, clip, oai_error
 from cacheon.gateway.tracing import Tracing
-from cacheon.gateway.upstream import Response, Upstream
+from cacheon.gateway.upstream import Response, Upstream, whole
 from cacheon.gateway.workers import Worker
 from cacheon.tokens.chat import NotPredictable
 from cacheon.tokens.profile import TokenizerProfile
 
-_HOP = {"content-length", "transfer-encoding", "connection", "keep-alive", "server", "date"}
+# A worker's response headers never passed on: hop-by-hop ones (RFC 9110 7.6.1, and Trailer: the relay
+# drops trailers), those its Connection header names (``_passed``), and the framing and server headers
+# the gateway writes itself.
+_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+                  "content-length", "server", "date"})
+ERROR_BODY_BYTES = 1 << 16  # a worker's 5xx body, read whole to answer with: an error message needs little
 HOP_HEADER = "x-cacheon-hop"  # the gateways a request passed through, by instance mark
 OFFLOAD_CHARS = 1 << 16  # prompts longer than this are tokenized off the event loop
 CLIENT_HIGH_WATER = 1 << 16  # bytes unsent to a client before its worker's socket is paused (aiohttp's own)
@@ -214,7 +224,9 @@ class Proxy:
         try:
             async with self.fleet.client.post(self._url(w, path), data=raw, headers=upstream,
                                               timeout=self._timeout) as resp:
-                content, status, headers = await resp.read(), resp.status, resp.headers
+                status, headers = resp.status, resp.headers
+                content = await whole(resp.content.readany,
+                                      ERROR_BODY_BYTES if status >= 500 else self.cfg.max_answer_bytes)
         except TRANSPORT_ERRORS as exc:
             self._failed(w)
             raise Retry(_transport(exc, self.cfg.request_timeout_s)) from None
@@ -242,7 +254,7 @@ class Proxy:
             try:
                 resp = await self._upstream.post(w.url, outcome.endpoint, raw, upstream, timeout_s)
                 if resp.status >= 500:  # read whole: it may become the answer if no worker is left
-                    failed = web.Response(body=await resp.read(timeout_s), status=resp.status,
+                    failed = web.Response(body=await resp.read(timeout_s, ERROR_BODY_BYTES), status=resp.status,
                                           headers=_passed(resp.headers, ours))
                     self._failed(w)
                     raise Retry(f"HTTP {resp.status}", failed)
@@ -267,8 +279,9 @@ class Proxy:
             assert writer is not None and request.transport is not None  # prepared once, here
             # Only a prediction is scored against the stream's last counting event (Recorder._score).
             tail = outcome.tail = StreamTail() if outcome.attempts[-1].decision.predicted else None
+            sink = ClientSink(request.transport, writer, out.chunked, outcome, tail, self.cfg.client_write_timeout_s)
             try:
-                await resp.pipe(ClientSink(request.transport, writer, out.chunked, outcome, tail), timeout_s)
+                await resp.pipe(sink, timeout_s)
             except ClientGone:
                 raise
             except TRANSPORT_ERRORS as exc:  # mid-stream: too late to retry; the client must see it failed
@@ -276,9 +289,11 @@ class Proxy:
                 outcome.error = f"upstream ended mid-stream: {_transport(exc, timeout_s)}"
                 await _abort(request, out, f"worker {w.id} failed mid-stream; the answer is incomplete")
                 return out
-            await out.write_eof()
+            await sink.within(out.write_eof)  # its drain waits on the client too
             w.breaker.succeeded()
-        except (ClientGone, ConnectionResetError):  # the client left while we wrote to it: not the worker's failure
+        except ClientGone as gone:  # the client left or stopped reading: not the worker's failure
+            outcome.status, outcome.error = CLIENT_GONE, str(gone)
+        except ConnectionResetError:  # the client left while we wrote to it outside the sink
             outcome.status, outcome.error = CLIENT_GONE, "client disconnected"
         return out
 
@@ -290,20 +305,25 @@ class Proxy:
 
 
 class ClientGone(Exception):
-    """The client's side of a stream closed: raised out of the relay, never counted as the worker's failure
-    (a ConnectionResetError would be, among the transport errors of the worker's connection)."""
+    """The client's side of a stream closed, or was dropped for not reading: raised out of the relay, never
+    counted as the worker's failure (a ConnectionResetError would be, among the transport errors of the
+    worker's connection)."""
+
+    def __init__(self, why: str = "client disconnected") -> None:
+        super().__init__(why)
 
 
 class ClientSink:
     """The client's side of a relayed stream, written from inside the worker's socket reads
     (``Response.pipe``): each read's body in one framed write, its first byte's time, its tail."""
 
-    __slots__ = ("_chunked", "_outcome", "_tail", "_transport", "_writer")
+    __slots__ = ("_chunked", "_outcome", "_tail", "_timeout_s", "_transport", "_writer")
 
     def __init__(self, transport: asyncio.BaseTransport, writer: AbstractStreamWriter, chunked: bool,
-                 outcome: Outcome, tail: StreamTail | None) -> None:
+                 outcome: Outcome, tail: StreamTail | None, timeout_s: float) -> None:
         self._transport = cast(asyncio.WriteTransport, transport)
         self._writer, self._chunked, self._outcome, self._tail = writer, chunked, outcome, tail
+        self._timeout_s = timeout_s
 
     def write(self, body: bytes) -> bool:
         transport = self._transport
@@ -317,12 +337,22 @@ class ClientSink:
         return transport.get_write_buffer_size() <= CLIENT_HIGH_WATER
 
     async def drain(self) -> None:
+        await self.within(self._writer.drain)
+
+    async def within(self, wait: Callable[[], Awaitable[None]]) -> None:
+        """``wait()`` on the client's side, which must take what it holds within ``timeout_s``: a client
+        that stops reading (or reads a byte at a time) would hold its worker's connection and slot for
+        ever. Past it the client is dropped, its connection aborted (a close would wait to flush to it)."""
         if self._transport.is_closing():
             raise ClientGone()
         try:
-            await self._writer.drain()
+            async with asyncio.timeout(self._timeout_s):
+                await wait()
         except ConnectionResetError:  # lost while draining (aiohttp's own reset error)
             raise ClientGone() from None
+        except TimeoutError:
+            self._transport.abort()
+            raise ClientGone(f"client stopped reading: its side stayed full for {self._timeout_s:g} s") from None
 
 
 async def _abort(request: web.Request, out: web.StreamResponse, message: str) -> None:
@@ -340,6 +370,12 @@ def _transport(exc: BaseException, timeout_s: float) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _passed(upstream: Iterable[tuple[str, str]], ours: dict[str, str]) -> dict[str, str]:
-    """The worker's response headers minus hop-by-hop ones, plus the gateway's decision headers."""
-    return {**{k: v for k, v in upstream if k.lower() not in _HOP}, **ours}
+def _passed(upstream: Iterable[tuple[str, str]], ours: dict[str, str]) -> CIMultiDict[str]:
+    """The worker's response headers as they came, repeats and all (Set-Cookie, Vary, Link), minus
+    hop-by-hop ones: ``_HOP`` and whatever its Connection header names (RFC 9110 7.6.1); the gateway's
+    decision headers replace any of the worker's by the same name."""
+    headers = list(upstream)
+    hop = _HOP.union(name.strip().lower() for k, v in headers if k.lower() == "connection" for name in v.split(","))
+    passed = CIMultiDict((k, v) for k, v in headers if k.lower() not in hop)
+    passed.update(ours)
+    return passed

@@ -4,7 +4,9 @@ aiohttp's client costs a per-chunk parse in Python, a ``StreamReader`` feed and 
 every event of a stream. Here httptools (C) takes the chunked framing off inside ``data_received``,
 and ``Response.pipe`` hands what each socket read carried to the client's side (a ``Sink``) from
 inside that callback: the relaying task wakes only at the answer's end, on an error, on the gap
-timeout or when the client's side is full, never per event (benchmarks/README.md, issue 22). One pool of keep-alive
+timeout or when the client's side is full, never per event (benchmarks/README.md, issue 22). Timeouts:
+the head, and a body read whole, within ``timeout_s`` in all (a worker that trickles them is still
+bounded); a piped body by the gap since the worker's last read. One pool of keep-alive
 connections per worker; a connection goes back to it only after a complete answer the worker lets
 it keep, so a request the relay leaves unfinished is aborted on the worker by the close. Idle
 connections are closed by the worker's own keep-alive timeout (seen here as the connection lost).
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Protocol, cast
 from urllib.parse import urlsplit
 
@@ -30,9 +32,17 @@ class UpstreamError(ConnectionError):
     """The worker's connection failed, closed early, or carried malformed HTTP: a transport error."""
 
 
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
+async def whole(read: Callable[[], Awaitable[bytes]], limit: int) -> bytes:
+    """A body read whole by ``read`` (the next part, ``b""`` at the end), never more than ``limit`` bytes
+    of it: past that the worker has failed (UpstreamError), so a broken one cannot make the gateway hold
+    an unbounded body."""
+    got, size = [], 0
+    while part := await read():
+        size += len(part)
+        if size > limit:
+            raise UpstreamError(f"the worker's answer is larger than the gateway takes ({limit} bytes)")
+        got.append(part)
+    return b"".join(got)
 
 
 class Sink(Protocol):
@@ -58,7 +68,7 @@ class Response(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[None] | None = None
         self._sink: Sink | None = None  # set while ``pipe`` runs
-        self._read_at = 0.0  # loop time of the last read, for pipe's gap timeout
+        self._read_at = 0.0  # loop time the worker was last heard from or waited on: gap timeouts count from it
         self._timer: asyncio.TimerHandle | None = None
         self.reset()
 
@@ -86,6 +96,7 @@ class Response(asyncio.Protocol):
             self.close()
             return
         self.received = True
+        self._read_at = asyncio.get_running_loop().time()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:  # a callback's own refusal arrives wrapped: say it, not the wrapper
@@ -100,7 +111,6 @@ class Response(asyncio.Protocol):
                 self.close()
         sink = self._sink
         if sink is not None:
-            self._read_at = asyncio.get_running_loop().time()
             if self._body and not sink.write(self._take()):
                 self._full = True  # the client's side: pipe drains it, then reading resumes
                 self._pause()
@@ -128,7 +138,8 @@ class Response(asyncio.Protocol):
         lowered = name.lower()
         if lowered in (b"content-length", b"transfer-encoding"):
             self._framed = True
-        self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+        # A value decoded as aiohttp's client decodes it: UTF-8 passes on as it came, on either path.
+        self.headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
@@ -151,12 +162,20 @@ class Response(asyncio.Protocol):
 
     # -- the relay's side --------------------------------------------------------------------
 
+    def send(self, request: Iterable[bytes]) -> None:
+        """The request written; the worker's time to answer counts from here."""
+        assert self.transport is not None
+        self.transport.writelines(request)
+        self._read_at = asyncio.get_running_loop().time()
+
     async def head(self, timeout_s: float) -> None:
-        """Until the status line and headers are in; TimeoutError after ``timeout_s`` without them."""
-        while not self.headed:
-            if self._error is not None:
-                raise self._error
-            await self._wait(timeout_s)
+        """Until the status line and headers are in; TimeoutError when they are not all in within
+        ``timeout_s``, however the worker trickles them."""
+        async with asyncio.timeout(timeout_s):
+            while not self.headed:
+                if self._error is not None:
+                    raise self._error
+                await self._wait(timeout_s)
 
     async def chunk(self, timeout_s: float) -> bytes:
         """The body bytes every read since the last call carried (decoded); ``b""`` at the answer's end.
@@ -181,7 +200,6 @@ class Response(asyncio.Protocol):
                 self._full = True
             else:  # reading may have paused before the relay piped (past the high water with the head)
                 self._resume()
-            self._read_at = asyncio.get_running_loop().time()
             while True:
                 if self._full:
                     await sink.drain()
@@ -192,16 +210,15 @@ class Response(asyncio.Protocol):
                 elif self._error is not None:
                     raise self._error
                 else:
-                    await self._wait_read(timeout_s)
+                    await self._wait(timeout_s)
         finally:
             self._sink = None
 
-    async def read(self, timeout_s: float) -> bytes:
-        """The rest of the body, whole."""
-        parts = []
-        while part := await self.chunk(timeout_s):
-            parts.append(part)
-        return b"".join(parts)
+    async def read(self, timeout_s: float, limit: int) -> bytes:
+        """The rest of the body, whole: within ``timeout_s`` in all, and no more than ``limit`` bytes
+        (``whole``)."""
+        async with asyncio.timeout(timeout_s):
+            return await whole(lambda: self.chunk(timeout_s), limit)
 
     def reusable(self) -> bool:
         """Its answer read to the end and relayed (not paused for a client that then left), the connection
@@ -222,12 +239,14 @@ class Response(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _resume(self) -> None:
+        """Reading on again; a worker held back meanwhile was not silent: its gap counts from now."""
         if self._paused and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
+            self._read_at = asyncio.get_running_loop().time()
 
-    async def _wait_read(self, timeout_s: float) -> None:
-        """Until woken, or TimeoutError once ``timeout_s`` passed since the last read: one timer for
+    async def _wait(self, timeout_s: float) -> None:
+        """Until woken, or TimeoutError once ``timeout_s`` passed since ``_read_at``: one timer for
         the whole wait, moved on as reads come (a timer per read would be a timer per event)."""
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
@@ -242,20 +261,10 @@ class Response(asyncio.Protocol):
     def _gap(self, waiter: asyncio.Future[None], timeout_s: float) -> None:
         loop = asyncio.get_running_loop()
         due = self._read_at + timeout_s
-        if loop.time() >= due:
-            _expire(waiter)
-        else:
+        if loop.time() < due:
             self._timer = loop.call_at(due, self._gap, waiter, timeout_s)
-
-    async def _wait(self, timeout_s: float) -> None:
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(timeout_s, _expire, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
+        elif not waiter.done():
+            waiter.set_exception(TimeoutError())
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -305,8 +314,7 @@ class Upstream:
     @staticmethod
     async def _ask(resp: Response, request: tuple[bytes, bytes], timeout_s: float) -> Response:
         """``request`` written on ``resp``'s connection, and its answer's head awaited; closed if that fails."""
-        assert resp.transport is not None
-        resp.transport.writelines(request)
+        resp.send(request)
         try:
             await resp.head(timeout_s)
         except BaseException:
