@@ -249,8 +249,8 @@ class GatewayConfig(msgspec.Struct, **_CONFIG):
         "the longest gap between chunks")] = 60.0
     max_body_bytes: Annotated[Positive, Meta(description="largest request body (413 beyond)")] = 32 << 20
     max_answer_bytes: Annotated[Positive, Meta(
-        description="largest non-streamed answer a worker may send (read whole); past it the worker has failed "
-        "(a 5xx's body: 64 KiB)")] = 128 << 20
+        description="largest non-streamed answer a worker may send (read whole); past it the client gets 502 "
+        "answer_too_large, not retried (a 5xx's body: 64 KiB, past it the worker has failed)")] = 128 << 20
     client_write_timeout_s: Annotated[Seconds, Meta(
         description="a streaming client whose side stays full (it does not read) this long is dropped (499), "
         "freeing its worker")] = 30.0

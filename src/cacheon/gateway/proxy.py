@@ -41,7 +41,7 @@ from cacheon.gateway.prompt import Prompt, Route, decode, encode, prompt_of, reu
 from cacheon.gateway.recorder import CLIENT_GONE, Attempt, Outcome, Recorder, log
 from cacheon.gateway.refusals import Refusal, Rejected, clip, oai_error
 from cacheon.gateway.tracing import Tracing
-from cacheon.gateway.upstream import Response, Upstream, whole
+from cacheon.gateway.upstream import Response, TooLarge, Upstream, whole
 from cacheon.gateway.workers import Worker
 from cacheon.tokens.chat import NotPredictable
 from cacheon.tokens.profile import TokenizerProfile
@@ -225,8 +225,17 @@ class Proxy:
             async with self.fleet.client.post(self._url(w, path), data=raw, headers=upstream,
                                               timeout=self._timeout) as resp:
                 status, headers = resp.status, resp.headers
-                content = await whole(resp.content.readany,
-                                      ERROR_BODY_BYTES if status >= 500 else self.cfg.max_answer_bytes)
+                try:
+                    content = await whole(resp.content.readany,
+                                          ERROR_BODY_BYTES if status >= 500 else self.cfg.max_answer_bytes)
+                except TooLarge as exc:
+                    if status >= 500:
+                        raise
+                    # An answer this large is what the request asked for (n, max_tokens, logprobs): retried, it
+                    # would cost every worker as much, and counted, a client could open every breaker with it.
+                    raise Rejected(Refusal.ANSWER_TOO_LARGE, 502, f"worker {w.id}: {exc} (max_answer_bytes); "
+                                   "ask for less (max_tokens, n, logprobs) or stream it", "upstream_error",
+                                   "answer_too_large") from None
         except TRANSPORT_ERRORS as exc:
             self._failed(w)
             raise Retry(_transport(exc, self.cfg.request_timeout_s)) from None

@@ -19,6 +19,7 @@ class Refusal(StrEnum):
     BAD_REQUEST = "bad_request"
     UNKNOWN_MODEL = "unknown_model"
     BODY_TOO_LARGE = "body_too_large"
+    ANSWER_TOO_LARGE = "answer_too_large"
     CONTEXT_TOO_LONG = "context_too_long"
     LOOP = "loop"
     NO_WORKER = "no_worker"

@@ -32,6 +32,10 @@ class UpstreamError(ConnectionError):
     """The worker's connection failed, closed early, or carried malformed HTTP: a transport error."""
 
 
+class TooLarge(UpstreamError):
+    """A body read whole went past its bound (``whole``)."""
+
+
 async def whole(read: Callable[[], Awaitable[bytes]], limit: int) -> bytes:
     """A body read whole by ``read`` (the next part, ``b""`` at the end), never more than ``limit`` bytes
     of it: past that the worker has failed (UpstreamError), so a broken one cannot make the gateway hold
@@ -40,7 +44,7 @@ async def whole(read: Callable[[], Awaitable[bytes]], limit: int) -> bytes:
     while part := await read():
         size += len(part)
         if size > limit:
-            raise UpstreamError(f"the worker's answer is larger than the gateway takes ({limit} bytes)")
+            raise TooLarge(f"the worker's answer is larger than the gateway takes ({limit} bytes)")
         got.append(part)
     return b"".join(got)
 
