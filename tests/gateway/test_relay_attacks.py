@@ -841,6 +841,33 @@ def test_a_client_that_stops_reading_at_the_very_end_is_dropped_too(
     assert failures(gw) == 0 and gw.gateway.fleet.workers["w0"].in_flight == 0
 
 
+def test_a_client_that_does_not_read_a_whole_answer_is_dropped_too(gateway: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """BUG, left by the round above. A non-streamed answer was written by aiohttp after the handler returned,
+    waiting on the client with no bound: one that never read held the answer (up to ``max_answer_bytes``) and
+    its connection for as long as it liked, logged as a 200 before a byte had reached it. Now the gateway
+    writes the answer itself within ``client_write_timeout_s``: past it the client is dropped, a 499."""
+    body = b'{"choices": [{"text": "' + b"x" * (8 << 20) + b'"}]}'
+
+    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b"
+                     % (len(body), body))
+        await writer.drain()
+        return True
+
+    gw = gateway(script, client_write_timeout_s=1)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    host, port = gw.url.removeprefix("http://").rsplit(":", 1)
+    s.settimeout(10)
+    with caplog.at_level("INFO", logger="cacheon.access"), s:
+        s.connect((host, int(port)))
+        s.sendall(_request(PLAIN))
+        fields = _access(caplog)
+        got = _read_all(s)  # the gateway aborted the connection: the read ends (a timeout here: it never did)
+    assert fields["status"] == 499 and fields["error"] == "client stopped reading: its side stayed full for 1 s"
+    assert len(got) < len(body) and failures(gw) == 0
+
+
 def test_a_client_slower_than_the_gap_timeout_does_not_make_a_silent_worker(
         gateway: Any, sinks: list[Any]) -> None:
     """BUG, found tidying the two waits into one. A client that stops reading longer than

@@ -6,8 +6,8 @@ handler (the server runs with handler cancellation), which closes the upstream c
 how a worker learns to abort. A worker that dies mid-stream leaves the client an error event and
 an unterminated stream, never a clean end; a non-streamed 2xx that is not a JSON object counts as
 that worker's failure, as does a body read whole past its bound (``max_answer_bytes``, or
-``ERROR_BODY_BYTES`` for a 5xx). A streaming client whose side stays full past
-``client_write_timeout_s`` is dropped (its own failure, 499), freeing the worker. Forwarded requests
+``ERROR_BODY_BYTES`` for a 5xx). A client whose side stays full past ``client_write_timeout_s``
+(a stream's, or a whole answer's) is dropped (its own failure, 499), freeing the worker. Forwarded requests
 carry this gateway's hop mark: one that comes back is refused, so a gateway registered as its own
 worker cannot loop. Only headers the gateway makes go to a worker; a worker's response headers reach
 the client as they came (repeats kept) minus hop-by-hop ones.
@@ -99,22 +99,41 @@ class Proxy:
         if self.tracing is not None:
             outcome.span = self.tracing.start(f"{request.method} {path}", request.headers, outcome.request_id)
         try:
-            outcome.response = await self._route(request, outcome)
-        except Rejected as rejected:
-            outcome.refusal = rejected.refusal
-            outcome.response = oai_error(rejected.status, rejected.message, rejected.kind, rejected.code,
-                                         {"x-request-id": outcome.request_id})
-        except asyncio.CancelledError:
-            outcome.status, outcome.error = CLIENT_GONE, "client disconnected"
-            raise
-        except Exception:
-            log.exception("request failed inside the gateway", extra={"fields": {"request_id": outcome.request_id}})
-            outcome.refusal = Refusal.INTERNAL
-            outcome.response = oai_error(500, f"internal gateway error (request {outcome.request_id})",
-                                         "internal_error", headers={"x-request-id": outcome.request_id})
+            try:
+                outcome.response = await self._route(request, outcome)
+            except Rejected as rejected:
+                outcome.refusal = rejected.refusal
+                outcome.response = oai_error(rejected.status, rejected.message, rejected.kind, rejected.code,
+                                             {"x-request-id": outcome.request_id})
+            except asyncio.CancelledError:
+                outcome.status, outcome.error = CLIENT_GONE, "client disconnected"
+                raise
+            except Exception:
+                log.exception("request failed inside the gateway",
+                              extra={"fields": {"request_id": outcome.request_id}})
+                outcome.refusal = Refusal.INTERNAL
+                outcome.response = oai_error(500, f"internal gateway error (request {outcome.request_id})",
+                                             "internal_error", headers={"x-request-id": outcome.request_id})
+            await self._send(request, outcome)
         finally:
             self.recorder.record(outcome)
         return outcome.response
+
+    async def _send(self, request: web.Request, outcome: Outcome) -> None:
+        """A whole answer written here, within ``client_write_timeout_s`` (aiohttp would write it after the
+        handler, waiting on the client with no bound: one that does not read held the answer, up to
+        ``max_answer_bytes``, and its connection for as long as it liked). A stream is written already."""
+        response = outcome.response
+        if response is None or response.prepared or request.transport is None:
+            return
+        try:
+            await client_bound(cast(asyncio.WriteTransport, request.transport), self.cfg.client_write_timeout_s,
+                               lambda: _whole(request, response))
+        except ClientGone as gone:
+            outcome.status, outcome.error = CLIENT_GONE, str(gone)
+        except asyncio.CancelledError:  # the client left while it was written
+            outcome.status, outcome.error = CLIENT_GONE, "client disconnected"
+            raise
 
     # -- route ---------------------------------------------------------------------------
 
@@ -349,19 +368,30 @@ class ClientSink:
         await self.within(self._writer.drain)
 
     async def within(self, wait: Callable[[], Awaitable[None]]) -> None:
-        """``wait()`` on the client's side, which must take what it holds within ``timeout_s``: a client
-        that stops reading (or reads a byte at a time) would hold its worker's connection and slot for
-        ever. Past it the client is dropped, its connection aborted (a close would wait to flush to it)."""
-        if self._transport.is_closing():
-            raise ClientGone()
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                await wait()
-        except ConnectionResetError:  # lost while draining (aiohttp's own reset error)
-            raise ClientGone() from None
-        except TimeoutError:
-            self._transport.abort()
-            raise ClientGone(f"client stopped reading: its side stayed full for {self._timeout_s:g} s") from None
+        """``wait()`` on the client's side within the sink's bound (``client_bound``): a client that stops
+        reading (or reads a byte at a time) would hold its worker's connection and slot for ever."""
+        await client_bound(self._transport, self._timeout_s, wait)
+
+
+async def client_bound(transport: asyncio.WriteTransport, timeout_s: float,
+                       wait: Callable[[], Awaitable[None]]) -> None:
+    """``wait()`` on a client, which must take what the gateway holds for it within ``timeout_s``; past it the
+    client is dropped, its connection aborted (a close would wait to flush to it): ClientGone either way."""
+    if transport.is_closing():
+        raise ClientGone()
+    try:
+        async with asyncio.timeout(timeout_s):
+            await wait()
+    except ConnectionResetError:  # lost while draining (aiohttp's own reset error)
+        raise ClientGone() from None
+    except TimeoutError:
+        transport.abort()
+        raise ClientGone(f"client stopped reading: its side stayed full for {timeout_s:g} s") from None
+
+
+async def _whole(request: web.Request, response: web.StreamResponse) -> None:
+    await response.prepare(request)
+    await response.write_eof()
 
 
 async def _abort(request: web.Request, out: web.StreamResponse, message: str) -> None:
