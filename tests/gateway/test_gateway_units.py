@@ -121,6 +121,18 @@ def test_discovery_reads_server_info_or_its_deprecated_alias(prefix: str) -> Non
     assert asyncio.run(run()) == Discovery("0.5.22", "demo", 16, 2, 7000, replay_port=7100)
 
 
+@pytest.mark.parametrize(("page", "dp", "kv", "replay"), [(16, 2, 65535, None), (16, 2, 7000, 65535), (16, 0, 7000, None),
+                                                           (0, 1, 7000, None), (16, 1, 0, None)])
+def test_a_geometry_no_subscription_could_follow_is_refused_at_discovery(page: int, dp: int, kv: int,
+                                                                          replay: int | None) -> None:
+    """Rank r listens on ``base + r``: a last port past 65535 (or no rank, or no page) made every subscription
+    of the worker fail inside the feeds' construction, after their context, wake pipe and sockets were made
+    (leaked at each re-attestation). Discovery refuses it, so the ladder fences the worker as undiscoverable."""
+    with pytest.raises(ValueError, match=r"must be at least 1|does not fit TCP ports"):
+        Discovery("0.5.22", "demo", page, dp, kv, replay_port=replay)
+    Discovery("0.5.22", "demo", 16, 2, 65534, replay_port=65534)  # the last rank on the last port: fine
+
+
 
 def test_every_configurable_policy_comes_from_the_registry_under_its_own_name() -> None:
     assert set(POLICIES) == set(config.POLICIES)

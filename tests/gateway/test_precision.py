@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from cacheon.gateway import precision
 from cacheon.gateway.precision import Match, Precision, StreamTail, reported_cached
 from cacheon.gateway.prediction import NoPrediction
 
@@ -36,17 +37,25 @@ def test_a_stream_keeps_its_last_counting_event_across_chunk_boundaries() -> Non
     assert plain.last is None  # control: a stream without include_usage reports nothing
 
 
+@pytest.mark.parametrize("eol", [b"\n", b"\r\n"], ids=["lf", "crlf"])
 @pytest.mark.parametrize("size", [1, 2, 3, 7, 64])
-def test_a_stream_cut_anywhere_gives_the_tail_it_gives_whole(size: int) -> None:
-    """Every cut, the separator's two newlines in different reads included: the event in progress is kept
-    across reads (joined once it ends: one long event over many reads costs its length, not its square)."""
+def test_a_stream_cut_anywhere_gives_the_tail_it_gives_whole(size: int, eol: bytes,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every cut, the separator's two line ends in different reads included, CRLF ones too (a CR and its LF in
+    two reads): the event in progress is kept across reads (joined once it ends: one long event over many
+    reads costs its length, not its square), and one past MAX_EVENT_BYTES is skipped to its end, never kept
+    (one endless event held the whole stream) and never the tail, whether it came in one read or many."""
+    monkeypatch.setattr(precision, "MAX_EVENT_BYTES", 100)
     usage = b'data: {"choices": [], "usage": {"prompt_tokens_details": {"cached_tokens": 48}}}'
-    stream = b'data: {"choices": [{"text": "a\nb"}]}\n\n' + usage + b"\n\n" + b'data: {"choices": [1]}\n\n' + \
-        b"data: [DONE]\n\n"
+    long = b'data: {"usage": "' + b"x" * 120 + b'"}'  # it names usage: only its length keeps it out
+    events = [b'data: {"choices": [{"text": "a' + eol + b'b"}]}', long, usage, b'data: {"choices": [1]}', long,
+              b"data: [DONE]"]
+    stream = b"".join(e + eol + eol for e in events)
     whole, cut = StreamTail(), StreamTail()
     whole.feed(stream)
     for i in range(0, len(stream), size):
         cut.feed(stream[i : i + size])
+        assert cut._held <= 100 + size
     assert cut.last == whole.last == usage[6:]
 
 

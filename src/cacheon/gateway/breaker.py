@@ -22,10 +22,13 @@ class Breaker:
         if self.failures >= self.threshold:
             self.open_until = time.time() + self.open_s
 
-    def succeeded(self) -> None:
-        """An answer came: the count starts again (an open breaker stays open until its time is up)."""
+    def succeeded(self, served: bool) -> None:
+        """An answer came: the count starts again (an open breaker stays open until its time is up).
+        ``served``: a 2xx, which the health check takes for a passed probe; a 4xx says only that the
+        server parses requests (a client could keep a worker whose engine is gone unprobed with bad ones)."""
         self.failures = 0
-        self.answered_at = time.monotonic()
+        if served:
+            self.answered_at = time.monotonic()
 
     def reset(self) -> None:
         """The worker came back (its health check passed after failing): closed at once."""

@@ -22,7 +22,11 @@ class WorkerFeeds:
         self.dp_size = dp_size
         self._index = index
         self.subscriber = Subscriber(index, echo, bounds=bounds, max_replay=max_replay)
-        self.subscriber.add_worker(worker_id, endpoint_base, contract, range(dp_size), replay_base=replay_base)
+        try:
+            self.subscriber.add_worker(worker_id, endpoint_base, contract, range(dp_size), replay_base=replay_base)
+        except BaseException:
+            self.subscriber.close()  # its context, pipe and the ranks' sockets made so far
+            raise
         self._thread = threading.Thread(target=self.subscriber.run, daemon=True, name=f"kv-{worker_id}")
         self._thread.start()
 

@@ -1,5 +1,5 @@
-"""The gateway's HTTP client side: one pooled aiohttp session for non-streamed proxying and control calls
-(streams have their own lean client, ``upstream.py``).
+"""The gateway's control calls (discovery, tokenize, health, the hash challenge): one pooled aiohttp session.
+Proxied requests, streamed or not, go through the lean client (``upstream.py``).
 
 aiohttp rather than httpx on this path: measured in the same run against the same simulated
 worker, an httpx ``AsyncClient`` round trip costs ~1.1 ms more than aiohttp's on the 2-core

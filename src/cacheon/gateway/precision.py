@@ -62,31 +62,63 @@ def reported_cached(kind: str, body: bytes, cache_report: bool) -> int | None:
     return details.cached_tokens
 
 
+MAX_EVENT_BYTES = 1 << 20  # the longest event the tail parses: a count's is a few hundred bytes
+
+
 class StreamTail:
     """The last complete server-sent event of a stream that carries a count, fed chunk by chunk.
 
     OpenAI streams report usage in their last event before ``[DONE]`` (with ``include_usage``);
     ``/generate`` streams in every event's ``meta_info``. Only the latest event that mentions
-    either is kept, so a long stream costs no more than its largest event.
+    either is kept, and an event in progress past ``MAX_EVENT_BYTES`` is skipped to its end, so a
+    stream costs no more than that whatever the worker sends (one endless event held it whole).
+    Lines may end in CRLF, as the event-stream format allows; CR alone is not read as an end.
     """
 
-    __slots__ = ("_pieces", "last")
+    __slots__ = ("_cr", "_held", "_nl", "_pieces", "_skip", "last")
 
     def __init__(self) -> None:
         self._pieces: list[bytes] = []  # the event in progress, as read: joined only once it ends
+        self._held = 0  # bytes in _pieces
+        self._nl = False  # the last byte fed was a line feed (a blank line may be split over two reads)
+        self._cr = False  # a carriage return held back from the last read (its line feed may come next)
+        self._skip = False  # in an event past MAX_EVENT_BYTES: nothing kept until it ends
         self.last: bytes | None = None
 
     def feed(self, chunk: bytes) -> None:
-        pieces = self._pieces
-        if b"\n\n" not in chunk and not (pieces and pieces[-1][-1:] == b"\n" and chunk[:1] == b"\n"):
-            if chunk:
-                pieces.append(chunk)  # no event ends here: kept, not copied (one event over many reads stays linear)
+        if self._cr or b"\r" in chunk:
+            if self._cr:
+                chunk, self._cr = b"\r" + chunk, False
+            if chunk.endswith(b"\r"):
+                chunk, self._cr = chunk[:-1], True
+            chunk = chunk.replace(b"\r\n", b"\n")
+        self._feed(chunk)
+
+    def _feed(self, chunk: bytes) -> None:
+        if not chunk:
             return
-        events = b"".join((*pieces, chunk)).split(b"\n\n")
+        split_end = self._nl and chunk[:1] == b"\n"  # the blank line's two line feeds in two reads
+        if not split_end and b"\n\n" not in chunk:
+            self._nl = chunk[-1:] == b"\n"
+            if not self._skip:
+                self._pieces.append(chunk)  # kept, not copied (one event over many reads stays linear)
+                self._held += len(chunk)
+                if self._held > MAX_EVENT_BYTES:
+                    self._pieces, self._held, self._skip = [], 0, True
+            return
+        if self._skip:  # the end of an event too long to parse: what follows starts afresh
+            self._skip, self._nl = False, False
+            self._feed(chunk[1:] if split_end else chunk[chunk.index(b"\n\n") + 2 :])
+            return
+        self._nl = chunk[-1:] == b"\n"
+        events = b"".join((*self._pieces, chunk)).split(b"\n\n")
         partial = events.pop()
-        self._pieces = [partial] if partial else []
+        self._pieces, self._held = ([partial], len(partial)) if partial else ([], 0)
+        if self._held > MAX_EVENT_BYTES:
+            self._pieces, self._held, self._skip = [], 0, True
         for event in reversed(events):
-            if event.startswith(b"data: {") and (b'"usage"' in event or b'"meta_info"' in event):
+            if (len(event) <= MAX_EVENT_BYTES and event.startswith(b"data: {")
+                    and (b'"usage"' in event or b'"meta_info"' in event)):
                 self.last = event[6:]
                 break
 

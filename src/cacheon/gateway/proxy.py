@@ -28,7 +28,6 @@ import msgspec
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from multidict import CIMultiDict
-from yarl import URL
 
 from cacheon.gateway.config import GatewayConfig
 from cacheon.gateway.fleet import Fleet
@@ -41,7 +40,7 @@ from cacheon.gateway.prompt import Prompt, Route, decode, encode, prompt_of, reu
 from cacheon.gateway.recorder import CLIENT_GONE, Attempt, Outcome, Recorder, log
 from cacheon.gateway.refusals import Refusal, Rejected, clip, oai_error
 from cacheon.gateway.tracing import Tracing
-from cacheon.gateway.upstream import Response, TooLarge, Upstream, whole
+from cacheon.gateway.upstream import Response, TooLarge, Upstream
 from cacheon.gateway.workers import Worker
 from cacheon.tokens.chat import NotPredictable
 from cacheon.tokens.profile import TokenizerProfile
@@ -86,8 +85,6 @@ class Proxy:
         self.hop = os.urandom(8).hex()  # this gateway instance's mark on what it forwards
         self._tokenizer = ThreadPoolExecutor(1, thread_name_prefix="tokenize")  # long prompts, one at a time
         # Per-request costs kept off the hot path: parsed upstream URLs, timeouts.
-        self._urls: dict[tuple[str, str], URL] = {}
-        self._timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
         self._upstream = Upstream()  # streams' own keep-alive pool
 
     def close(self) -> None:
@@ -239,14 +236,17 @@ class Proxy:
 
     async def _call(self, w: Worker, path: str, raw: bytes, upstream: dict[str, str],
                     ours: dict[str, str]) -> web.Response:
-        """The whole response; Retry on a transport error, a timeout, a 5xx or a 2xx that is not JSON."""
+        """The whole response, within ``request_timeout_s``; Retry on a transport error, a timeout, a 5xx or a
+        2xx that is not JSON. On the streams' client: its pool closes a connection a worker writes to while
+        idle (aiohttp's queued such bytes as the answer to the next request on it, another client's)."""
+        timeout_s, resp = self.cfg.request_timeout_s, None
         try:
-            async with self.fleet.client.post(self._url(w, path), data=raw, headers=upstream,
-                                              timeout=self._timeout) as resp:
+            async with asyncio.timeout(timeout_s):
+                resp = await self._upstream.post(w.url, path, raw, upstream, timeout_s)
                 status, headers = resp.status, resp.headers
                 try:
-                    content = await whole(resp.content.readany,
-                                          ERROR_BODY_BYTES if status >= 500 else self.cfg.max_answer_bytes)
+                    content = await resp.read(timeout_s, ERROR_BODY_BYTES if status >= 500 else
+                                              self.cfg.max_answer_bytes)
                 except TooLarge as exc:
                     if status >= 500:
                         raise
@@ -257,8 +257,11 @@ class Proxy:
                                    "answer_too_large") from None
         except TRANSPORT_ERRORS as exc:
             self._failed(w)
-            raise Retry(_transport(exc, self.cfg.request_timeout_s)) from None
-        response = web.Response(body=content, status=status, headers=_passed(headers.items(), ours))
+            raise Retry(_transport(exc, timeout_s)) from None
+        finally:  # pooled only after a complete answer the worker lets it keep
+            if resp is not None:
+                self._upstream.done(resp)
+        response = web.Response(body=content, status=status, headers=_passed(headers, ours))
         if status >= 500:
             self._failed(w)
             raise Retry(f"HTTP {status}", response)
@@ -270,7 +273,7 @@ class Proxy:
                 raise Retry(f"HTTP {status} with a body that is not a JSON object ({len(content)} bytes)",
                             oai_error(502, f"worker {w.id} answered with a malformed body", "upstream_error",
                                       headers=ours)) from None
-        w.breaker.succeeded()
+        w.breaker.succeeded(200 <= status < 300)
         return response
 
     async def _stream(self, request: web.Request, w: Worker, outcome: Outcome, raw: bytes,
@@ -318,18 +321,12 @@ class Proxy:
                 await _abort(request, out, f"worker {w.id} failed mid-stream; the answer is incomplete")
                 return out
             await sink.within(out.write_eof)  # its drain waits on the client too
-            w.breaker.succeeded()
+            w.breaker.succeeded(200 <= resp.status < 300)
         except ClientGone as gone:  # the client left or stopped reading: not the worker's failure
             outcome.status, outcome.error = CLIENT_GONE, str(gone)
         except ConnectionResetError:  # the client left while we wrote to it outside the sink
             outcome.status, outcome.error = CLIENT_GONE, "client disconnected"
         return out
-
-    def _url(self, w: Worker, path: str) -> URL:
-        url = self._urls.get((w.url, path))
-        if url is None:
-            url = self._urls[(w.url, path)] = URL(f"{w.url}{path}")
-        return url
 
 
 class ClientGone(Exception):

@@ -10,7 +10,9 @@ bounded); a piped body by the gap since the worker's last read. One pool of keep
 connections per worker; a connection goes back to it only after a complete answer the worker lets
 it keep, so a request the relay leaves unfinished is aborted on the worker by the close. Idle
 connections are closed by the worker's own keep-alive timeout (seen here as the connection lost).
-Non-streamed and control calls stay on aiohttp (``http.py``).
+Non-streamed answers come through here too (read whole, bounded): aiohttp's pool queued bytes a worker wrote
+on an idle connection as the answer to the next request on it, another client's. Control calls stay on
+aiohttp (``http.py``).
 """
 
 from __future__ import annotations

@@ -70,6 +70,15 @@ class Discovery:
     speculative: str | None = None  # --speculative-algorithm (EAGLE variants key pages by token bigrams)
     max_model_len: int | None = None  # the context length in tokens (``/v1/models``); None: not reported
 
+    def __post_init__(self) -> None:
+        """What a worker says is checked here, once: each rank r listens on ``base + r`` (a last port past
+        65535 made every subscription of the worker fail, leaking its sockets each time)."""
+        if self.page_size < 1 or self.dp_size < 1:
+            raise ValueError(f"page size {self.page_size} and DP size {self.dp_size} must be at least 1")
+        for name, base in (("KV event port base", self.kv_port), ("KV replay port base", self.replay_port)):
+            if base is not None and not 1 <= base <= base + self.dp_size - 1 <= 65535:
+                raise ValueError(f"{name} {base} with {self.dp_size} DP rank(s) does not fit TCP ports 1-65535")
+
 
 Endpoint = tuple[str, int]  # an IP address and a TCP port
 

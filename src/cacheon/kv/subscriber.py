@@ -94,6 +94,7 @@ class Subscriber:
         self._on_delivery, self._on_clear = on_delivery, on_clear
         self._replay_timeout_s = replay_timeout_s
         self._stopping = threading.Event()
+        self._closed = False  # the pipe's fds are given back: never written or closed again (the OS reuses them)
         self._wake_read, self._wake_write = os.pipe()  # a pipe: written from any thread, polled beside the sockets
         self._poller.register(self._wake_read, zmq.POLLIN)
 
@@ -148,7 +149,8 @@ class Subscriber:
     def stop(self) -> None:
         """Make ``run`` return soon, from any thread: it ends the poll through the wake pipe."""
         self._stopping.set()
-        os.write(self._wake_write, b"\0")
+        if not self._closed:
+            os.write(self._wake_write, b"\0")
 
     def totals(self) -> FeedCounters:
         """Counters summed over every feed."""
@@ -162,7 +164,10 @@ class Subscriber:
         return self.totals().as_dict()
 
     def close(self) -> None:
-        """After ``run`` has returned (sockets belong to the polling thread)."""
+        """After ``run`` has returned (sockets belong to the polling thread); once."""
+        if self._closed:
+            return
+        self._closed = True
         for feed in self.feeds:
             feed.close()
         self._ctx.term()
