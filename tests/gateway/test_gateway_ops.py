@@ -152,6 +152,8 @@ def test_request_ids_reach_the_worker_and_come_back(loop: LoopThread, tmp_path: 
             given = complete(gw.url, {"x-request-id": "req-42"})
             fresh = complete(gw.url, stream=True)
             hostile = complete(gw.url, {"x-request-id": "x" * 500})
+            # A line is written once its answer is (a client may read the answer first): wait for the three.
+            wait_until(lambda: sum(r.name == "cacheon.access" for r in caplog.records) == 3, "three access lines", 10)
         assert given.headers["x-request-id"] == "req-42" and recorder.headers[0]["x-request-id"] == "req-42"
         assert re.fullmatch(r"[0-9a-f]{32}", fresh.headers["x-request-id"])
         assert recorder.headers[1]["x-request-id"] == fresh.headers["x-request-id"]

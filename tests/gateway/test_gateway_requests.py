@@ -251,6 +251,8 @@ def test_an_unknown_model_is_404_under_rr_and_logs_carry_a_bounded_model(loop: L
         assert error_of(post(gw, "/v1/completions", {"model": "nope", "prompt": "x"}), 404)["code"] == "model_not_found"
         message = error_of(post(gw, "/v1/completions", {"model": huge, "prompt": "x"}), 404)["message"]
         assert post(gw, "/v1/completions", {"model": "demo", "prompt": "x"}).status_code == 200
+        # A line is written once its answer is (a client may read the answer first): wait for the three.
+        wait_until(lambda: sum(r.name == "cacheon.access" for r in caplog.records) == 3, "three access lines", 10)
     assert len(message) < 400
     lines = [r for r in caplog.records if r.name == "cacheon.access"]
     assert [r.fields["status"] for r in lines] == [404, 404, 200]  # type: ignore[attr-defined]
