@@ -65,6 +65,14 @@ class InProcessGateway:
         self.loop.call(self.server.stop())
 
 
+async def serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
+    """``app`` served on a free loopback port: its runner (to clean up) and its URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
 class Recorder:
     """A plain HTTP server answering like a worker (health, a completion, a 2-chunk stream), keeping
     each request's headers. Not SGLang: only for checking what the gateway forwards."""
@@ -93,11 +101,8 @@ class Recorder:
             app = web.Application()
             app.router.add_get("/health", health)
             app.router.add_post("/v1/completions", complete)
-            self._runner = web.AppRunner(app)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
-            await site.start()
-            return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+            self._runner, url = await serve_app(app)
+            return url
 
         self._loop = loop
         self.url: str = loop.call(start())

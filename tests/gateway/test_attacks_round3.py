@@ -28,13 +28,14 @@ from cacheon.kv.subscriber import Subscriber
 from cacheon.kv.wire import WireBounds
 from cacheon.sim.launch import wait_until
 from tests.gateway import test_relay_attacks as relay_attacks
-from tests.gateway.inproc import InProcessGateway, LoopThread
+from tests.gateway.inproc import InProcessGateway, LoopThread, serve_app
 from tests.gateway.test_relay_attacks import (
     DONE,
     EVENT,
     PLAIN,
     STREAM,
     _answer,
+    _answering,
     _headers,
     _request,
     exchange,
@@ -81,11 +82,8 @@ class SickWorker:
             for path in ("/server_info", "/model_info", "/v1/models"):
                 app.router.add_get(path, info)
             app.router.add_post("/v1/completions", complete)
-            self._runner = web.AppRunner(app)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
-            await site.start()
-            return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+            self._runner, url = await serve_app(app)
+            return url
 
         self._loop = loop
         self.url: str = loop.call(start())
@@ -184,12 +182,7 @@ def test_a_header_value_that_is_not_utf8_does_not_fail_the_request(gateway: Any,
     """Holds. A worker's header value with a byte that is not UTF-8 (\\xff: Latin-1 text, an opaque token): both
     clients decode it with ``surrogateescape``, and aiohttp must write it back to the client. Expected: the
     answer reaches the client (the value as it came, or the header dropped), never a 500 from the gateway."""
-    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(_answer(stream, b"X-Odd: caf\xe9 \xff\r\nX-Kept: yes"))
-        await writer.drain()
-        return True
-
-    gw = gateway(script)
+    gw = gateway(_answering(b"X-Odd: caf\xe9 \xff\r\nX-Kept: yes", stream))
     head, body, ended, _ = exchange(gw, _request(STREAM if stream else PLAIN))
     assert head.split(b" ")[1] == b"200", head + body[:300]
     assert (b"x-kept", b"yes") in _headers(head) and ended
@@ -202,12 +195,7 @@ def test_connection_header_names_with_odd_case_whitespace_and_empty_items_are_al
     aiohttp's client parsed the head), the rest passes."""
     sent = (b"CONNECTION: \t X-A\t,,  ,x-b ,\r\nconnection:X-C\r\nX-A: 1\r\nX-B: 2\r\nx-c: 3\r\nX-Kept: yes")
 
-    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(_answer(n == 1, sent))
-        await writer.drain()
-        return True
-
-    gw = gateway(script)
+    gw = gateway(_answering(sent))
     for body in (STREAM, PLAIN):
         head, _, ended, _ = exchange(gw, _request(body))
         names = [k for k, _ in _headers(head)]

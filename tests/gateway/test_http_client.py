@@ -7,6 +7,7 @@ import asyncio
 from aiohttp import web
 
 from cacheon.gateway.http import CONTROL_BODY_BYTES, CallError, call_json, session
+from tests.gateway.inproc import serve_app
 
 
 async def _served(body: bytes) -> tuple[web.AppRunner, str, list[str | None]]:
@@ -24,11 +25,8 @@ async def _served(body: bytes) -> tuple[web.AppRunner, str, list[str | None]]:
 
     app = web.Application()
     app.router.add_get("/{tail:.*}", answer)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}", asked
+    runner, url = await serve_app(app)
+    return runner, url, asked
 
 
 async def _call(body: bytes) -> tuple[tuple[int, object] | CallError, list[str | None]]:

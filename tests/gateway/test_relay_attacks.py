@@ -612,6 +612,16 @@ def _answer(stream: bool, head: bytes) -> bytes:
             % (head, len(body), body))
 
 
+def _answering(head: bytes, stream: bool | None = None) -> Script:
+    """A worker's script: each POST answered ``_answer(stream, head)``, the connection kept; ``stream`` None:
+    the first POST's answer a stream, the later ones not (a test sending a stream, then a plain request)."""
+    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
+        writer.write(_answer(n == 1 if stream is None else stream, head))
+        await writer.drain()
+        return True
+    return script
+
+
 def _headers(head: bytes) -> list[tuple[bytes, bytes]]:
     """A response head's header lines, in order, names lowered."""
     lines = head.split(b"\r\n")[1:]
@@ -690,12 +700,7 @@ def test_a_workers_repeated_headers_reach_the_client_as_they_came(gateway: Any, 
             b"Set-Cookie: c=3\r\nLink: </b>; rel=preload\r\nX-Name: caf\xc3\xa9\r\n"
             b"x-cacheon-worker: forged\r\nX-Cacheon-Worker: forged-again\r\nx-request-id: forged")
 
-    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(_answer(stream, sent))
-        await writer.drain()
-        return True
-
-    gw = gateway(script)
+    gw = gateway(_answering(sent, stream))
     head, _, _, _ = exchange(gw, _request(STREAM if stream else PLAIN))
     got = _headers(head)
     for name in (b"set-cookie", b"vary", b"link", b"x-name"):
@@ -713,12 +718,7 @@ def test_headers_a_workers_connection_header_names_are_not_passed_on(gateway: An
             b"X-Second: secret\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nTrailer: X-T\r\nProxy-Connection: x\r\n"
             b"x-cacheon-route: forged\r\nX-Kept: yes")
 
-    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(_answer(stream, sent))
-        await writer.drain()
-        return True
-
-    gw = gateway(script)
+    gw = gateway(_answering(sent, stream))
     head, _, ended, _ = exchange(gw, _request(STREAM if stream else PLAIN))
     names = [k for k, _ in _headers(head)]
     assert not {b"x-private", b"x-second", b"keep-alive", b"te", b"trailer", b"proxy-connection"} & set(names), head
@@ -728,17 +728,12 @@ def test_headers_a_workers_connection_header_names_are_not_passed_on(gateway: An
 
 def test_no_header_the_client_sends_reaches_the_worker_so_no_hop_by_hop_one_does(gateway: Any) -> None:
     """Pinned (it holds: the gateway builds a worker request's headers itself, keeping only a sane
-    ``x-request-id`` and its own hop mark, and asking for no compression), because RFC 9110 7.6.1 applies to requests too: what a client names
-    in ``Connection``, and the hop-by-hop headers, must not reach the worker on either client."""
+    ``x-request-id`` and its own hop mark, and asking for no compression), because RFC 9110 7.6.1 applies to
+    requests too: what a client names in ``Connection``, and the hop-by-hop headers, must not reach the worker
+    on either client."""
     nominated = (b"Connection: close, X-Private, x-request-id\r\nX-Private: secret\r\nKeep-Alive: timeout=5\r\n"
                  b"TE: trailers\r\nProxy-Connection: keep-alive\r\nCookie: a=1\r\nx-request-id: r1\r\n")
-
-    async def script(writer: asyncio.StreamWriter, n: int) -> bool:
-        writer.write(_answer(n == 1, b"X-Kept: yes"))
-        await writer.drain()
-        return True
-
-    gw = gateway(script)
+    gw = gateway(_answering(b"X-Kept: yes"))
     for body in (STREAM, PLAIN):
         exchange(gw, _request(body, extra=nominated))
     for head in gw.worker.heads:  # type: ignore[attr-defined]
