@@ -36,6 +36,19 @@ The verdict lines under each trace compare ``exact`` with ``sglang:cache_aware``
 client TTFT p50 and p99 at or below the peer's, hit rate >= its - 0.01, request rate >= its, CPU per
 request <= 2x its), the worst run of ``exact`` against the best of the peer.
 
+``--router-nice N``: every thread of the router under test (either router, each process of its tree) at
+nice N once it is up (negative: before the simulated workers and the client; root or CAP_SYS_NICE). Here the
+router shares two cores with eight simulated engines and the client, where the scheduler shares a busy core
+per thread: a one-loop Python gateway gets one share, a Rust router one per busy worker thread. In production
+neither shares its cores with the engines; ``--router-nice -10`` is the nearest to that on this box, the
+same for both routers (threads the router starts later inherit it).
+
+Per request the client sends its own ``x-request-id``; for Cacheon's routers the run line then splits the
+client's TTFT with the gateway's access log (``route_ms``, ``ttft_ms``): *route* (arrival to the routing
+decision: decode, tokenize, choose), *upstream* (decision to the worker's first chunk: the worker's time,
+and the gateway's loop reading it) and *outside* (the client's TTFT less the gateway's: reaching the
+gateway's handler, and the relay back to the client), p50 each.
+
 ``--profile DIR``: py-spy samples every Cacheon gateway through its replays into
 DIR/<trace>-<router>-<run>.txt; summarise with benchmarks/pyspy_top.py. By default ``--nonblocking``
 (the gateway is never paused, so its figures stay near an unprofiled run; Python frames only: the
@@ -51,6 +64,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -89,6 +103,7 @@ class Request:
     ttft_s: float
     latency_s: float
     worker: str | None  # the upstream Cacheon names (x-cacheon-worker); the peer names none
+    request_id: str  # what the client sent as x-request-id
     route: str | None  # Cacheon's decision and its reason (x-cacheon-route)
 
 
@@ -108,6 +123,7 @@ class Result:
     routes: dict[str, int]  # Cacheon's decision reasons; empty for the peer
     probes: int  # requests the workers served beyond the trace's: Cacheon's (re-)attestation challenges
     cpu_ms_per_request: float  # the router process's CPU (user + system, children too) over the replay / requests
+    split_p50_ms: dict[str, float]  # Cacheon's: the client's TTFT split by the gateway's access log; peer: empty
 
 
 def pct(xs: Sequence[float], q: float) -> float:
@@ -115,13 +131,13 @@ def pct(xs: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def stream(client: httpx.Client, url: str, model: str, messages: list[Message], max_tokens: int
+def stream(client: httpx.Client, url: str, model: str, messages: list[Message], max_tokens: int, request_id: str
            ) -> tuple[str, dict, float, float, httpx.Headers]:
     """One streamed chat completion: its text, usage, time to the first content chunk, total time, headers."""
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
     start, first, usage, text = time.perf_counter(), None, None, []
-    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body, headers={"x-request-id": request_id}) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -180,11 +196,11 @@ def replay(url: str, model: str, trace: Trace, max_tokens: int) -> tuple[list[Re
             turn = wave - session.start
             messages = list(session.opening) if turn == 0 else [
                 *history[i], {"role": "user", "content": session.follow_ups[turn - 1]}]
-            reply, usage, ttft, latency, headers = stream(client, url, model, messages, max_tokens)
+            reply, usage, ttft, latency, headers = stream(client, url, model, messages, max_tokens, f"r{wave}-{i}")
             digest = hashlib.sha256(json.dumps(messages).encode()).hexdigest()[:16]
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
             return (Request(wave, i, digest, usage["prompt_tokens"], cached, ttft, latency,
-                            headers.get("x-cacheon-worker"), headers.get("x-cacheon-route")),
+                            headers.get("x-cacheon-worker"), f"r{wave}-{i}", headers.get("x-cacheon-route")),
                     [*messages, {"role": "assistant", "content": reply}])
 
         start = time.perf_counter()
@@ -193,6 +209,38 @@ def replay(url: str, model: str, trace: Trace, max_tokens: int) -> tuple[list[Re
                 history[request.session] = messages
                 done.append(request)
         return done, time.perf_counter() - start
+
+
+def prioritize(pid: int, nice: int) -> None:
+    """Every thread of ``pid``'s process tree at ``nice`` (Linux keeps a nice value per thread; later ones inherit)."""
+    root = psutil.Process(pid)
+    try:
+        for proc in [root, *root.children(recursive=True)]:
+            for thread in proc.threads():
+                os.setpriority(os.PRIO_PROCESS, thread.id, nice)
+    except PermissionError:
+        raise SystemExit(f"--router-nice {nice}: raising a priority needs root or CAP_SYS_NICE") from None
+
+
+_ACCESS = re.compile(r" cacheon\.access .*?request_id=(\S+).*? route_ms=([0-9.]+).*? ttft_ms=([0-9.]+)")
+
+
+def split(log: Path, requests: list[Request]) -> dict[str, float]:
+    """p50 of each part of the client's TTFT, joined per request by its id with the gateway's access lines
+    (written every 0.2 s: waited for)."""
+    wanted = {r.request_id: r.ttft_s * 1e3 for r in requests}
+    deadline, lines = time.monotonic() + 5, {}
+    while time.monotonic() < deadline:
+        lines = {m[1]: (float(m[2]), float(m[3])) for m in _ACCESS.finditer(log.read_text()) if m[1] in wanted}
+        if len(lines) == len(wanted):
+            break
+        time.sleep(0.2)
+    else:
+        failed(f"the gateway's log {log} has access lines for {len(lines)} of {len(wanted)} requests")
+    parts = {"route": [route for route, _ in lines.values()],
+             "upstream": [ttft - route for route, ttft in lines.values()],
+             "outside": [wanted[rid] - ttft for rid, (_, ttft) in lines.items()]}
+    return {name: pct(values, 0.5) for name, values in parts.items()}
 
 
 def processes_of(router: str) -> int:
@@ -216,7 +264,7 @@ def run_one(trace: Trace, router: str, args: argparse.Namespace, tmp: Path, prof
         urls = [sim.url for sim in sims]
         if router.startswith("sglang:"):
             peer = SglangRouter(stack, tmp, urls, router.split(":", 1)[1], args.router_arg)
-            url, pid = peer.url, peer.proc.pid
+            url, pid, log = peer.url, peer.proc.pid, None
         else:
             policy, processes = router.partition(":")[0], processes_of(router)
             extra: dict[str, object] = {}
@@ -230,7 +278,9 @@ def run_one(trace: Trace, router: str, args: argparse.Namespace, tmp: Path, prof
                 fenced = {u: s["reason"] for u, s in states.items() if s["state"] != "READY"}
                 if fenced:
                     raise SystemExit(f"exact: workers not attested, it would not route by prefix: {fenced}")
-            url, pid = gw.url, gw.proc.pid
+            url, pid, log = gw.url, gw.proc.pid, gw.log
+        if args.router_nice:
+            prioritize(pid, args.router_nice)
         before = [sim.stats()["completed"] for sim in sims]
         logged = [len(sim.requests()) for sim in sims]
         spy = None if args.profile is None or router.startswith("sglang:") else \
@@ -243,6 +293,7 @@ def run_one(trace: Trace, router: str, args: argparse.Namespace, tmp: Path, prof
         served = [sim.stats()["completed"] - b for sim, b in zip(sims, before, strict=True)]
         engine = [(r["queued_s"] + r["prefill_s"] + r["step_s"]) * 1e3
                   for sim, n in zip(sims, logged, strict=True) for r in sim.requests()[n:]]
+        parts = split(log, requests) if log is not None else {}
     # The workers' own counters; Cacheon's gateway also sends its attestation probes (re-attestation
     # may run during a replay), so for it the response headers say which worker served each request,
     # and every worker must have served at least that many.
@@ -259,7 +310,7 @@ def run_one(trace: Trace, router: str, args: argparse.Namespace, tmp: Path, prof
                     pct(ttft, 0.5), pct(ttft, 0.99), pct(engine, 0.5), pct(engine, 0.99),
                     max(load) / statistics.mean(load), load, len(requests) / wall,
                     len(requests), dict(Counter(r.route for r in requests if r.route)), sum(served) - len(requests),
-                    cpu * 1e3 / len(requests))
+                    cpu * 1e3 / len(requests), parts)
     return result, requests
 
 
@@ -335,6 +386,8 @@ def main() -> None:
                         help="pass ARG to every `cacheon sim worker` (repeat; e.g. the time model's knobs)")
     parser.add_argument("--router-arg", action="append", default=[], metavar="ARG",
                         help="pass ARG to every sglang-router (repeat; e.g. --router-arg=--balance-abs-threshold=8)")
+    parser.add_argument("--router-nice", type=int, default=0, metavar="N",
+                        help="every router thread at nice N (both routers alike; -10: ahead of the workers and client)")
     parser.add_argument("--json", action="store_true", help="print every run's result as JSON lines too")
     parser.add_argument("--profile", type=Path, metavar="DIR", help="py-spy every Cacheon gateway's replays into DIR")
     parser.add_argument("--profile-native", action="store_true",
@@ -350,7 +403,8 @@ def main() -> None:
           f"token, {args.max_running_requests or 'unbounded'} running per worker"
           + (f", +{args.delay_ms} ms flat" if args.delay_ms else "")
           + f"; {args.max_tokens} output tokens, seed {args.seed}, {args.runs} run(s); load = requests per worker; "
-          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+          + (f"routers at nice {args.router_nice}; " if args.router_nice else "")
+          + f"load average {os.getloadavg()[0]:.1f}", flush=True)
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="cacheon-routing-") as tmp:
         profile = write_profile(Path(tmp) / "tok")
@@ -370,6 +424,9 @@ def main() -> None:
                           f"{result.engine_ttft_p50_ms:.1f}, p99 {result.engine_ttft_p99_ms:.1f}), "
                           f"CPU {result.cpu_ms_per_request:.2f} ms/request, max/mean {result.load_max_mean:.2f}, "
                           f"{result.requests_per_s:.0f} req/s (load average {os.getloadavg()[0]:.1f})"
+                          + ("; client TTFT p50 split: " + ", ".join(
+                              f"{k} {v:.1f}" for k, v in result.split_p50_ms.items()) + " ms"
+                             if result.split_p50_ms else "")
                           + "".join(f"; {k} {v}" for k, v in sorted(result.routes.items()))
                           + (f"; {result.probes} attestation probe(s) during the replay: a worker was re-attested, "
                              "fenced meanwhile" if result.probes else ""), flush=True)

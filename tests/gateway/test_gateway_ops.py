@@ -164,7 +164,9 @@ def test_request_ids_reach_the_worker_and_come_back(loop: LoopThread, tmp_path: 
         assert (first["status"], first["model"], first["route"], first["worker"], first["stream"]) == (
             200, "demo", "rr:round_robin", "rec", False)
         assert first["latency_ms"] > 0 and first["predicted_cached_tokens"] == 0
-        assert fields[fresh.headers["x-request-id"]]["ttft_ms"] > 0
+        streamed = fields[fresh.headers["x-request-id"]]
+        assert 0 < streamed["route_ms"] < streamed["ttft_ms"] <= streamed["latency_ms"]
+        assert 0 < first["route_ms"] < first["latency_ms"]
     finally:
         gw.close()
         recorder.close()

@@ -218,6 +218,7 @@ class Proxy:
         worker for a retry."""
         if first:
             decision = self.policy.choose(snapshot(pool), tokens, reuse)
+            outcome.routed = time.perf_counter()
             if outcome.refusal_reason is not None:
                 decision = decision._replace(refused=outcome.refusal_reason)
             self.metrics.prefix_hit_tokens.inc(decision.held)

@@ -48,6 +48,7 @@ class Outcome:
     refusal: Refusal | None = None
     attempts: list[Attempt] = field(default_factory=list)  # in order
     failures: list[str] = field(default_factory=list)  # "worker: why" per failed attempt
+    routed: float | None = None  # perf_counter of the first attempt's decision: decoded, tokenized, chosen
     first_chunk: float | None = None  # perf_counter of a stream's first upstream chunk
     error: str | None = None  # how a stream ended early, if it did
     refusal_reason: NoPrediction | None = None  # why nothing about this request's cache can be predicted
@@ -84,6 +85,7 @@ class Recorder:
             log.info(f"POST {o.endpoint} {status}", extra={"fields": {
                 "request_id": o.request_id, "endpoint": o.endpoint, "model": o.model, "stream": o.stream,
                 "status": status, "latency_ms": round(elapsed * 1e3, 3),
+                "route_ms": None if o.routed is None else round((o.routed - o.started) * 1e3, 3),
                 "ttft_ms": None if o.first_chunk is None else round((o.first_chunk - o.started) * 1e3, 3),
                 "route": route, "worker": worker, "worker_url": last.worker.url if last else None,
                 "prompt_tokens": o.prompt_tokens, "predicted_cached_tokens": predicted,
