@@ -40,6 +40,9 @@ from cacheon.kv.wire import WireBounds
 log = logging.getLogger("cacheon.fleet")
 ERRORS = (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError, OSError, msgspec.DecodeError)
 RETRY_S = 0.5
+# A snapshot's read, bounded: the relay rewrites each snapshot and purges the old object's chunks, so a read that
+# began on the old object waits for chunks that are gone (nats-py's get has no bound); the next read finds the new.
+SNAPSHOT_TIMEOUT_S = 5.0
 
 
 class PlaneFeed:
@@ -133,6 +136,7 @@ class PlaneConsumer:
         self.feeds: list[PlaneFeed] = []
         self.malformed = 0  # envelopes that did not decode or named another worker
         self.snapshots_loaded = 0
+        self._up = asyncio.Event()  # set once connected: a worker added before then waits on it, not by retry periods
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="kv-plane")
         self._thread.start()
@@ -160,8 +164,7 @@ class PlaneConsumer:
 
     async def _add(self, feed: PlaneFeed) -> None:
         self.feeds.append(feed)
-        while self.plane is None:
-            await asyncio.sleep(RETRY_S)
+        await self._up.wait()
         await self._follow(feed)
 
     async def _follow(self, feed: PlaneFeed) -> None:
@@ -185,6 +188,7 @@ class PlaneConsumer:
                 continue
             plane.on_reconnected.append(self._refollow)
             self.plane = plane
+            self._up.set()
 
     async def _refollow(self) -> None:
         self.feeds = [f for f in self.feeds if not f._closed]
@@ -195,7 +199,7 @@ class PlaneConsumer:
         """The worker's latest snapshot; None when there is none (yet) or it does not decode."""
         try:
             store = await plane.js.object_store(self.snapshot_bucket)
-            got = await store.get(subjects.token(worker))
+            got = await asyncio.wait_for(store.get(subjects.token(worker)), SNAPSHOT_TIMEOUT_S)
         except (nats.js.errors.NotFoundError, nats.js.errors.ObjectNotFoundError, nats.js.errors.BucketNotFoundError):
             return None
         try:
