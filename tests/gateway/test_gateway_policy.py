@@ -136,6 +136,27 @@ def test_released_requests_teach_the_run_time_line() -> None:
     assert flat.line() is None  # all the same work: no slope to learn
 
 
+def test_a_line_whose_slope_is_uncertain_is_not_used() -> None:
+    """A burst's first ends scatter about the line (the work queued ahead is the gateway's estimate): the slot
+    wait divides by the slope, so one fitted from them is refused until the ends pin it down."""
+    noisy = RunTimes(min_samples=4)
+    for i, work in enumerate((0, 100, 200, 300) * 2):  # 0.1 ms a token, each end off by +-30 ms
+        noisy.add(work, 0.05 + 1e-4 * work + (0.03 if i % 3 else -0.03))
+    assert noisy.line() is None
+    for work in (0, 100, 200, 300) * 40:  # what the later ends say, exactly
+        noisy.add(work, 0.05 + 1e-4 * work)
+    a, b = noisy.line()  # type: ignore[misc]
+    assert (a, b) == (pytest.approx(0.05, rel=0.05), pytest.approx(1e-4, rel=0.05))
+
+
+def test_the_slope_error_bound_is_what_refuses_a_noisy_line() -> None:
+    """The negative control of the test above: the same ends with no bound on the slope's error give a line."""
+    loose = RunTimes(min_samples=4, max_slope_error=float("inf"))
+    for i, work in enumerate((0, 100, 200, 300) * 2):
+        loose.add(work, 0.05 + 1e-4 * work + (0.03 if i % 3 else -0.03))
+    assert loose.line() is not None
+
+
 def test_the_slot_wait_is_the_expected_end_of_the_earliest_request() -> None:
     policy, _, clock = _exact()
     for work in (0, 100, 200, 300, 0, 100, 200, 300):  # taught: 50 ms of decode, 0.1 ms a prefill token

@@ -198,29 +198,40 @@ class RunTimes:
     A request that found a sequence slot free runs for the prefill queued ahead of it plus its
     own (its work, in tokens), then its decode: lifetime = a + b × work, b the time of a prefill
     token and a the decode. A least-squares line over the ended requests that had a free slot
-    (recent ones weigh more) gives both; until it can be fitted (too few requests, or all with
-    the same work) there is none.
+    (recent ones weigh more) gives both; there is none until it can be fitted (too few requests,
+    all with the same work) and while its slope is uncertain: the slope's standard error must be
+    within ``max_slope_error`` of it. The slot wait divides a time by b, so a slope fitted from a
+    burst's first few noisy ends (the gateway's own estimate of the work queued ahead is one of
+    them) made a holder's queue look up to twice as long as it was, and sent its prefix elsewhere
+    (benchmarks/README.md, issue 22: ``system``'s bad runs, 28-33 overload fallbacks against 16-19).
     """
 
-    def __init__(self, decay: float = 0.98, min_samples: int = 8) -> None:
-        self.decay, self.min_samples = decay, min_samples
+    def __init__(self, decay: float = 0.98, min_samples: int = 8, max_slope_error: float = 0.2) -> None:
+        self.decay, self.min_samples, self.max_slope_error = decay, min_samples, max_slope_error
         self.samples = 0
-        self._w = self._x = self._xx = self._y = self._xy = 0.0
+        self._w = self._ww = self._x = self._xx = self._y = self._xy = self._yy = 0.0
 
     def add(self, work: int, lifetime: float) -> None:
         d = self.decay
-        self._w, self._x, self._xx = d * self._w + 1, d * self._x + work, d * self._xx + work * work
-        self._y, self._xy = d * self._y + lifetime, d * self._xy + work * lifetime
+        self._w, self._ww, self._x = d * self._w + 1, d * d * self._ww + 1, d * self._x + work
+        self._xx, self._y = d * self._xx + work * work, d * self._y + lifetime
+        self._xy, self._yy = d * self._xy + work * lifetime, d * self._yy + lifetime * lifetime
         self.samples += 1
 
     def line(self) -> tuple[float, float] | None:
-        """(a, b): seconds of decode, seconds per prefill token; None until fitted."""
-        spread = self._w * self._xx - self._x * self._x
-        if self.samples < self.min_samples or spread <= 1e-9 * self._w * self._xx:
+        """(a, b): seconds of decode, seconds per prefill token; None until fitted well enough."""
+        w = self._w
+        sxx = self._xx - self._x * self._x / w if w else 0.0
+        if self.samples < self.min_samples or sxx <= 1e-9 * self._xx:
             return None
-        b = (self._w * self._xy - self._x * self._y) / spread
-        a = (self._y - b * self._x) / self._w
-        return (a, b) if a > 0 and b > 0 else None
+        sxy, syy = self._xy - self._x * self._y / w, self._yy - self._y * self._y / w
+        b = sxy / sxx
+        a = (self._y - b * self._x) / w
+        freedom = w * w / self._ww - 2  # the weighted samples' effective count, less the line's two
+        if a <= 0 or b <= 0 or freedom <= 0:
+            return None
+        residual = max(0.0, syy - b * sxy) / freedom
+        return (a, b) if residual / sxx <= (self.max_slope_error * b) ** 2 else None
 
 
 class Exact:
