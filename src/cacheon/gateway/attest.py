@@ -30,7 +30,7 @@ _TOKENIZE_KEYS = {"tokens", "count", "max_model_len"}
 # SpeculativeAlgorithm.is_eagle() in every release here (NEXTN is an alias of EAGLE: spec_registry
 # _RESERVED_ALIASES): the radix cache then runs with is_eagle and hashes (token, next token) pairs.
 BIGRAM_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "FROZEN_KV_MTP", "NEXTN"})
-Echo = tuple[int, int, tuple[int, ...]]  # block id, rank, the page's tokens
+Echo = tuple[int | None, int, tuple[int, ...]]  # block id, rank, the page's tokens; a gap: (None, rank, ())
 Hasher = Callable[[Sequence[int], int], list[int]]  # tokens, page size -> block ids
 
 
@@ -55,36 +55,62 @@ class Fence(Exception):
 
 
 class Echoes:
-    """BlockStored pages per worker, captured from the KV thread while a challenge is armed."""
+    """BlockStored pages per worker, captured from the KV thread while a challenge is armed.
+
+    Only pages that may be the challenge's are kept (its page tokens), each run of others as one gap,
+    so a run of kept pages is one the worker published together. A gateway that joins a busy plane arms
+    its challenge while it replays the stream: keeping every page then held the whole backlog, and
+    each 20 ms look rescanned it (benchmarks/README.md, a restarted replica)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._armed: dict[str, list[Echo]] = {}
+        self._armed: dict[str, tuple[set[tuple[int, ...]], set[int], list[Echo]]] = {}
 
     def on_delivery(self, worker_id: str, delivery: Delivery) -> None:
         if delivery.batch is None:
             return
         with self._lock:
-            sink = self._armed.get(worker_id)
-            if sink is None:
+            armed = self._armed.get(worker_id)
+            if armed is None:
                 return
+            pages, firsts, sink = armed
+            rank = delivery.batch.rank
             for ev in delivery.batch.events:
                 if not isinstance(ev, BlockStored):
                     continue
                 size, tokens = ev.block_size, ev.tokens()
+                if firsts.isdisjoint(tokens[::size]):  # no page of it starts as one of the challenge's
+                    _gap(sink, rank)
+                    continue
                 for i, h in enumerate(ev.block_hashes):
-                    sink.append((h, delivery.batch.rank, tuple(tokens[i * size : (i + 1) * size])))
+                    page = tuple(tokens[i * size : (i + 1) * size])
+                    if page in pages:
+                        sink.append((h, rank, page))
+                    else:
+                        _gap(sink, rank)
 
-    def arm(self, worker_id: str) -> None:
+    def arm(self, worker_id: str, pages: Sequence[tuple[int, ...]]) -> None:
+        """Capture the worker's pages that hold one of ``pages``' tokens, from now until disarmed."""
         with self._lock:
-            self._armed[worker_id] = []
+            self._armed[worker_id] = (set(pages), {page[0] for page in pages if page}, [])
 
     def take(self, worker_id: str, disarm: bool = False) -> list[Echo]:
         with self._lock:
-            got = list(self._armed.get(worker_id, ()))
+            armed = self._armed.get(worker_id)
+            got = list(armed[2]) if armed is not None else []
             if disarm:
                 self._armed.pop(worker_id, None)
             return got
+
+
+def _gap(sink: list[Echo], rank: int) -> None:
+    """Pages left out on ``rank`` (once per run of them): the pages before and after were not published together."""
+    for h, r, _ in reversed(sink):
+        if r == rank:
+            if h is None:
+                return
+            break
+    sink.append((None, rank, ()))
 
 
 def check_identity(worker: Worker, found: Discovery, cfg: GatewayConfig) -> str:
@@ -164,10 +190,14 @@ def _echoed(seen: list[Echo], pages: list[tuple[int, ...]], chain: list[int]) ->
     if len(ranks) > 1:
         raise Fence(FenceReason.CHALLENGE_FAILED,
                     f"the challenge's pages were echoed split across ranks {sorted(ranks)}")
-    by_rank: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
+    runs: dict[int, list[list[tuple[int, tuple[int, ...]]]]] = {}  # per rank, split at the gaps
     for h, rank, toks in seen:
-        by_rank.setdefault(rank, []).append((h, toks))
-    for run in by_rank.values():
+        split = runs.setdefault(rank, [[]])
+        if h is None:
+            split.append([])
+        else:
+            split[-1].append((h, toks))
+    for run in (run for split in runs.values() for run in split):
         published = [t for _, t in run]
         for start in range(len(run) - len(pages) + 1):
             if published[start : start + len(pages)] == pages:
@@ -194,7 +224,7 @@ async def hash_challenge(client: aiohttp.ClientSession, worker: Worker, found: D
         tokens = profile.encode_completion(prompt)
     chain = hasher(tokens, page)[skip:]
     pages = [tuple(tokens[i * page : (i + 1) * page]) for i in range(skip, skip + len(chain))]
-    echoes.arm(worker.id)
+    echoes.arm(worker.id, pages)
     try:
         try:
             status, _ = await call_json(client, "POST", f"{worker.url}/v1/completions", timeout_s,
