@@ -34,6 +34,14 @@ def test_a_challenge_armed_during_a_backlog_keeps_only_its_pages() -> None:
     assert echoes.take("w") == []
 
 
+def test_a_page_that_only_starts_like_the_challenges_is_not_kept() -> None:
+    """The first-token test is a quick reject; a page is kept only when it is one of the challenge's."""
+    echoes, pages = Echoes(), [(1, 2), (3, 4)]
+    echoes.arm("w", pages)
+    _deliver(echoes, *[_stored([10 * i, 10 * i + 1], [1, 9, 3, 9], 2) for i in range(100)])
+    assert echoes.take("w") == [(None, 0, ())]  # one gap (every page kept: 200)
+
+
 def test_pages_published_apart_are_not_taken_for_the_challenge() -> None:
     """Page size 1: the challenge's tokens on another prompt's pages, with another page between them, are
     not the challenge's run (its ids would differ, a false CHALLENGE_FAILED); the real echo is."""

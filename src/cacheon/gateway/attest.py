@@ -64,7 +64,7 @@ class Echoes:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._armed: dict[str, tuple[set[tuple[int, ...]], set[int], list[Echo]]] = {}
+        self._armed: dict[str, _Armed] = {}
 
     def on_delivery(self, worker_id: str, delivery: Delivery) -> None:
         if delivery.batch is None:
@@ -73,44 +73,54 @@ class Echoes:
             armed = self._armed.get(worker_id)
             if armed is None:
                 return
-            pages, firsts, sink = armed
             rank = delivery.batch.rank
             for ev in delivery.batch.events:
                 if not isinstance(ev, BlockStored):
                     continue
                 size, tokens = ev.block_size, ev.tokens()
-                if firsts.isdisjoint(tokens[::size]):  # no page of it starts as one of the challenge's
-                    _gap(sink, rank)
+                if armed.firsts.isdisjoint(tokens[::size]):  # no page of it starts as one of the challenge's
+                    armed.gap(rank)
                     continue
                 for i, h in enumerate(ev.block_hashes):
                     page = tuple(tokens[i * size : (i + 1) * size])
-                    if page in pages:
-                        sink.append((h, rank, page))
+                    if page in armed.pages:
+                        armed.keep(h, rank, page)
                     else:
-                        _gap(sink, rank)
+                        armed.gap(rank)
 
     def arm(self, worker_id: str, pages: Sequence[tuple[int, ...]]) -> None:
         """Capture the worker's pages that hold one of ``pages``' tokens, from now until disarmed."""
         with self._lock:
-            self._armed[worker_id] = (set(pages), {page[0] for page in pages if page}, [])
+            self._armed[worker_id] = _Armed(pages)
 
     def take(self, worker_id: str, disarm: bool = False) -> list[Echo]:
         with self._lock:
             armed = self._armed.get(worker_id)
-            got = list(armed[2]) if armed is not None else []
+            got = list(armed.sink) if armed is not None else []
             if disarm:
                 self._armed.pop(worker_id, None)
             return got
 
 
-def _gap(sink: list[Echo], rank: int) -> None:
-    """Pages left out on ``rank`` (once per run of them): the pages before and after were not published together."""
-    for h, r, _ in reversed(sink):
-        if r == rank:
-            if h is None:
-                return
-            break
-    sink.append((None, rank, ()))
+class _Armed:
+    """One armed challenge: its pages, their first tokens (a quick reject per event) and what was kept."""
+
+    __slots__ = ("firsts", "gapped", "pages", "sink")
+
+    def __init__(self, pages: Sequence[tuple[int, ...]]) -> None:
+        self.pages, self.firsts = set(pages), {page[0] for page in pages if page}
+        self.sink: list[Echo] = []
+        self.gapped: set[int] = set()  # ranks whose last entry is a gap
+
+    def keep(self, h: int, rank: int, page: tuple[int, ...]) -> None:
+        self.sink.append((h, rank, page))
+        self.gapped.discard(rank)
+
+    def gap(self, rank: int) -> None:
+        """Pages left out on ``rank`` (once per run of them): those before and after were not published together."""
+        if rank not in self.gapped:
+            self.sink.append((None, rank, ()))
+            self.gapped.add(rank)
 
 
 def check_identity(worker: Worker, found: Discovery, cfg: GatewayConfig) -> str:
