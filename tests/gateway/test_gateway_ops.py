@@ -261,6 +261,8 @@ def test_a_span_per_request_carries_the_route_and_its_context_goes_upstream(loop
         wait_until(lambda: httpx.get(f"{gw.url}/readyz").status_code == 200, "the recorder to be healthy", 20)
         parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
         assert complete(gw.url, {"traceparent": parent, "x-request-id": "traced"}).status_code == 200
+        # The span ends where the outcome is recorded, once the answer is written: a client may read it first.
+        wait_until(lambda: len(spans.get_finished_spans()) == 1, "the request's span", 10)
         (span,) = spans.get_finished_spans()
         assert span.name == "POST /v1/completions" and f"{span.context.trace_id:032x}" == parent.split("-")[1]
         attrs = dict(span.attributes or {})
