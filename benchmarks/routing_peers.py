@@ -21,7 +21,10 @@ Per router and trace:
 - throughput: requests per second over the replay's wall time;
 - CPU per request: the router process's own CPU seconds (user + system, its children included, psutil)
   over the replay, divided by the requests sent: what routing and relaying one streamed request cost
-  the router on the cores it shares with the workers and the client.
+  the router on the cores it shares with the workers and the client;
+- beside it, per run: the rest of the box's CPU per request over the same replay (the simulated workers, all
+  of them, and the client: this process), and how long the router's threads waited runnable for a core per
+  unit of time they ran (``/proc/<pid>/task/<tid>/schedstat``): the share of two cores the router got.
 Every router must send the same prompts (checked), so only placement differs. ``--runs N`` repeats
 every (trace, router) pair N times, interleaved, and prints ranges (min-max over runs).
 
@@ -61,6 +64,7 @@ the HTTP parser) at 100 Hz, pausing the gateway per sample.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -124,6 +128,8 @@ class Result:
     probes: int  # requests the workers served beyond the trace's: Cacheon's (re-)attestation challenges
     cpu_ms_per_request: float  # the router process's CPU (user + system, children too) over the replay / requests
     split_p50_ms: dict[str, float]  # Cacheon's: the client's TTFT split by the gateway's access log; peer: empty
+    box_ms_per_request: dict[str, float]  # the rest of the box over the replay / requests: workers (all), client
+    core_wait: float  # the router's threads' time runnable but waiting for a core, per unit of time they ran
 
 
 def pct(xs: Sequence[float], q: float) -> float:
@@ -158,6 +164,26 @@ def cpu_s(pid: int) -> float:
     """User + system CPU seconds of ``pid`` and its live children so far."""
     proc = psutil.Process(pid)
     return sum(t.user + t.system for t in (p.cpu_times() for p in [proc, *proc.children(recursive=True)]))
+
+
+def box_cpu_s(sims: list[SimProcess]) -> dict[str, float]:
+    """CPU seconds so far of what shares the box with the router: the simulated workers, and the client (this
+    process: its threads are the replay's, the rest of it idles meanwhile)."""
+    own = psutil.Process().cpu_times()
+    return {"workers": sum(cpu_s(sim.proc.pid) for sim in sims), "client": own.user + own.system}
+
+
+def sched_s(pid: int) -> tuple[float, float]:
+    """Seconds ``pid``'s threads (its children's too) have run, and waited runnable for a core (Linux schedstat):
+    how the kernel shares the box's cores with the router, which its own CPU time does not show."""
+    ran = waited = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        for thread in proc.threads():
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                run_ns, wait_ns, _slices = Path(f"/proc/{proc.pid}/task/{thread.id}/schedstat").read_text().split()
+                ran, waited = ran + int(run_ns) / 1e9, waited + int(wait_ns) / 1e9
+    return ran, waited
 
 
 class Spy:
@@ -285,9 +311,10 @@ def run_one(trace: Trace, router: str, args: argparse.Namespace, tmp: Path, prof
         logged = [len(sim.requests()) for sim in sims]
         spy = None if args.profile is None or router.startswith("sglang:") else \
             Spy(pid, args.profile / f"{trace.name}-{router}-{run + 1}.txt", args.profile_native)
-        cpu = cpu_s(pid)
+        cpu, box, sched = cpu_s(pid), box_cpu_s(sims), sched_s(pid)
         requests, wall = replay(url, model, trace, args.max_tokens)
-        cpu = cpu_s(pid) - cpu
+        cpu, box = cpu_s(pid) - cpu, {k: v - box[k] for k, v in box_cpu_s(sims).items()}
+        ran, waited = (b - a for a, b in zip(sched, sched_s(pid), strict=True))
         if spy is not None:
             spy.stop()
         served = [sim.stats()["completed"] - b for sim, b in zip(sims, before, strict=True)]
@@ -310,7 +337,8 @@ def run_one(trace: Trace, router: str, args: argparse.Namespace, tmp: Path, prof
                     pct(ttft, 0.5), pct(ttft, 0.99), pct(engine, 0.5), pct(engine, 0.99),
                     max(load) / statistics.mean(load), load, len(requests) / wall,
                     len(requests), dict(Counter(r.route for r in requests if r.route)), sum(served) - len(requests),
-                    cpu * 1e3 / len(requests), parts)
+                    cpu * 1e3 / len(requests), parts, {k: v * 1e3 / len(requests) for k, v in box.items()},
+                    waited / ran if ran > 0 else 0.0)
     return result, requests
 
 
@@ -423,7 +451,10 @@ def main() -> None:
                           f"client TTFT p50 {result.ttft_p50_ms:.1f} p99 {result.ttft_p99_ms:.1f} ms (engine "
                           f"{result.engine_ttft_p50_ms:.1f}, p99 {result.engine_ttft_p99_ms:.1f}), "
                           f"CPU {result.cpu_ms_per_request:.2f} ms/request, max/mean {result.load_max_mean:.2f}, "
-                          f"{result.requests_per_s:.0f} req/s (load average {os.getloadavg()[0]:.1f})"
+                          f"{result.requests_per_s:.0f} req/s (load average {os.getloadavg()[0]:.1f}); box CPU "
+                          f"ms/request: workers {result.box_ms_per_request['workers']:.2f}, client "
+                          f"{result.box_ms_per_request['client']:.2f}; its threads waited {result.core_wait:.2f} ms "
+                          "for a core per ms they ran"
                           + ("; client TTFT p50 split: " + ", ".join(
                               f"{k} {v:.1f}" for k, v in result.split_p50_ms.items()) + " ms"
                              if result.split_p50_ms else "")

@@ -17,3 +17,17 @@ def test_sim_cache_publishes_sglang_chain_and_evicts_lru_leaves() -> None:
     # Capacity 4 pages: the least recently used leaf ([7, 8]) goes first, never a page on the new path.
     assert evicted == page_hashes([7, 8], 2)
     assert len(cache) == 4 and cache.match([1, 2, 3, 4]) == 4
+
+
+def test_a_prompt_longer_than_the_cache_never_evicts_its_own_path() -> None:
+    """Capacity 3 pages, a 4-page prompt: its third page is the only leaf once the cache is full, and it is the
+    fourth page's parent. Evicting it would store a page whose parent is gone; the insert stops there instead."""
+    cache = PrefixCache(page_size=1, capacity_tokens=3)
+    stored, evicted = cache.insert([1, 2, 3, 4])
+    assert [p.block_hash for p in stored] == page_hashes([1, 2, 3], 1) and evicted == []
+    assert len(cache) == 3 and cache.match([1, 2, 3, 4]) == 3
+    # Full, and a second long prompt: room is made from the first prompt's pages, leaf by leaf, never from its own.
+    stored, evicted = cache.insert([5, 6, 7, 8])
+    assert [p.block_hash for p in stored] == page_hashes([5, 6, 7], 1)
+    assert evicted == page_hashes([1, 2, 3], 1)[::-1]
+    assert cache.match([5, 6, 7, 8]) == 3 and cache.match([1]) == 0

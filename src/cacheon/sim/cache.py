@@ -69,9 +69,10 @@ class PrefixCache:
         evicted: list[int] = []
         parent: int | None = None
         chain = self._hashes(tokens, self.page_size)
+        path: set[int] = set()  # the pages before this one: never evicted to make room for their own continuation
         for i, h in enumerate(chain):
             if h not in self._parent:
-                evicted += self._make_room(protect=set(chain[:i]))
+                evicted += self._make_room(protect=path)
                 if len(self._parent) >= self.capacity_pages:
                     break
                 self._parent[h] = parent
@@ -85,6 +86,7 @@ class PrefixCache:
             elif h in self._leaves:
                 self._leaves.move_to_end(h)
             parent = h
+            path.add(h)
         return stored, evicted
 
     def clear(self) -> None:
