@@ -49,7 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cacheon.fleet import subjects
 from cacheon.fleet.envelope import snapshot_decoder
-from cacheon.sim.launch import GatewayProcess, SimProcess, _spawn
+from cacheon.sim.launch import GatewayProcess, SimProcess, spawn
 from cacheon.sim.tokenizer import write_profile
 from tests.fleet.natsd import NatsServer
 from tests.gateway.agreement import digests
@@ -161,7 +161,7 @@ class Bench:
             config = tmp / f"relay-{r}.yaml"
             config.write_text(yaml.safe_dump({"event_plane": plane, "workers": self.specs, "relay_id": f"relay-{r}",
                                               "snapshot_interval_s": args.snapshot_interval}))
-            _spawn(stack, ["kv", "relay", "--config", str(config)], tmp / f"relay-{r}.log")
+            spawn(stack, ["kv", "relay", "--config", str(config)], tmp / f"relay-{r}.log")
         self.plane = plane
         self.gateways = [self.gateway() for _ in range(REPLICAS)]
         for gw in self.gateways:

@@ -71,7 +71,9 @@ def free_range(n: int) -> int:
     raise RuntimeError("no free port range")
 
 
-def _spawn(stack: ExitStack, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def spawn(stack: ExitStack, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """``python -m cacheon *args`` as a process, its output into ``log``; stopped when ``stack`` closes
+    (SIGTERM, then SIGKILL after 10 s)."""
     out = stack.enter_context(log.open("wb"))
     proc = subprocess.Popen([sys.executable, "-m", "cacheon", *args], stdout=out, stderr=subprocess.STDOUT)
 
@@ -122,7 +124,7 @@ class SimProcess:
                 "--bos-token", "<s>", "--delay-ms", str(delay_ms)]
         args += ["--fault", fault] if fault else []
         args += ["--kv-replay-port", str(self.replay_port)] if self.replay_port else []
-        self.proc = _spawn(stack, [*args, *extra_args], self.log)  # extra: e.g. the time model's flags
+        self.proc = spawn(stack, [*args, *extra_args], self.log)  # extra: e.g. the time model's flags
 
     def ready(self) -> None:
         wait_until(lambda: self._up(), f"sim {self.url} (log {self.log})")
@@ -164,7 +166,7 @@ class GatewayProcess:
         self.config = path = tmp / f"gateway-{self.port}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         self.log = tmp / f"gateway-{self.port}.log"
-        self.proc = _spawn(stack, ["gateway", "serve", "--config", str(path), "--processes", str(processes)], self.log)
+        self.proc = spawn(stack, ["gateway", "serve", "--config", str(path), "--processes", str(processes)], self.log)
         wait_until(self._up, f"gateway (log {self.log})")
 
     def _up(self) -> bool:
