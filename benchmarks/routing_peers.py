@@ -173,17 +173,25 @@ def box_cpu_s(sims: list[SimProcess]) -> dict[str, float]:
     return {"workers": sum(cpu_s(sim.proc.pid) for sim in sims), "client": own.user + own.system}
 
 
-def sched_s(pid: int) -> tuple[float, float]:
-    """Seconds ``pid``'s threads (its children's too) have run, and waited runnable for a core (Linux schedstat):
-    how the kernel shares the box's cores with the router, which its own CPU time does not show."""
-    ran = waited = 0.0
+def sched_s(pid: int) -> dict[int, tuple[float, float]]:
+    """Per thread of ``pid`` (its children's too), the seconds it has run and waited runnable for a core (Linux
+    schedstat): how the kernel shares the box's cores with the router, which its own CPU time does not show."""
+    seen: dict[int, tuple[float, float]] = {}
     root = psutil.Process(pid)
     for proc in [root, *root.children(recursive=True)]:
         for thread in proc.threads():
             with contextlib.suppress(OSError):  # a thread that ended meanwhile
                 run_ns, wait_ns, _slices = Path(f"/proc/{proc.pid}/task/{thread.id}/schedstat").read_text().split()
-                ran, waited = ran + int(run_ns) / 1e9, waited + int(wait_ns) / 1e9
-    return ran, waited
+                seen[thread.id] = (int(run_ns) / 1e9, int(wait_ns) / 1e9)
+    return seen
+
+
+def core_wait(before: dict[int, tuple[float, float]], after: dict[int, tuple[float, float]]) -> float:
+    """Time waited for a core per unit of time run between two ``sched_s`` readings, over the threads alive at
+    the second (one started meanwhile counts whole; one that ended is not in it)."""
+    ran = sum(run - before.get(tid, (0.0, 0.0))[0] for tid, (run, _) in after.items())
+    waited = sum(wait - before.get(tid, (0.0, 0.0))[1] for tid, (_, wait) in after.items())
+    return waited / ran if ran > 0 else 0.0
 
 
 class Spy:
@@ -314,7 +322,7 @@ def run_one(trace: Trace, router: str, args: argparse.Namespace, tmp: Path, prof
         cpu, box, sched = cpu_s(pid), box_cpu_s(sims), sched_s(pid)
         requests, wall = replay(url, model, trace, args.max_tokens)
         cpu, box = cpu_s(pid) - cpu, {k: v - box[k] for k, v in box_cpu_s(sims).items()}
-        ran, waited = (b - a for a, b in zip(sched, sched_s(pid), strict=True))
+        waits = core_wait(sched, sched_s(pid))
         if spy is not None:
             spy.stop()
         served = [sim.stats()["completed"] - b for sim, b in zip(sims, before, strict=True)]
@@ -338,7 +346,7 @@ def run_one(trace: Trace, router: str, args: argparse.Namespace, tmp: Path, prof
                     max(load) / statistics.mean(load), load, len(requests) / wall,
                     len(requests), dict(Counter(r.route for r in requests if r.route)), sum(served) - len(requests),
                     cpu * 1e3 / len(requests), parts, {k: v * 1e3 / len(requests) for k, v in box.items()},
-                    waited / ran if ran > 0 else 0.0)
+                    waits)
     return result, requests
 
 
