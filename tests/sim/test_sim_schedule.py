@@ -7,6 +7,8 @@ only rely on the event loop running timers in time order.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 
 import pytest
@@ -102,3 +104,22 @@ def test_a_rank_with_a_short_prefill_does_not_publish_another_ranks_early() -> N
         assert [rank for _, rank, _, _ in recorder.sent] == [1, 0]
 
     asyncio.run(run())
+
+
+def test_the_worker_imports_anyios_backend_at_start_up_not_in_its_first_stream() -> None:
+    """Starlette streams in an anyio task group, and anyio imports its asyncio backend at the first one: 17-25 ms
+    of CPU that landed in a benchmark's first streamed request per worker. The app's start-up does it instead
+    (a fresh interpreter: this one has long imported it)."""
+    code = """
+import asyncio, sys
+from cacheon.sim.worker import SimSettings, SimWorker, build_app
+settings = SimSettings("m", "0.5.13.post1", page_size=4, dp_size=1, kv_port=1, capacity_tokens=1 << 14)
+app = build_app(SimWorker(settings, profile=None, publishers=None))
+before = "anyio._backends._asyncio" in sys.modules
+async def start() -> bool:
+    async with app.router.lifespan_context(app):
+        return "anyio._backends._asyncio" in sys.modules
+print(before, asyncio.run(start()))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["False", "True"], out.stderr
