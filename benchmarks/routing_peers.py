@@ -160,10 +160,15 @@ def stream(client: httpx.Client, url: str, model: str, messages: list[Message], 
     return "".join(text), usage, first - start, end - start, r.headers
 
 
+def tree(pid: int) -> list[psutil.Process]:
+    """``pid`` and its live children, theirs included."""
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of ``pid`` and its live children so far."""
-    proc = psutil.Process(pid)
-    return sum(t.user + t.system for t in (p.cpu_times() for p in [proc, *proc.children(recursive=True)]))
+    return sum(t.user + t.system for t in (p.cpu_times() for p in tree(pid)))
 
 
 def box_cpu_s(sims: list[SimProcess]) -> dict[str, float]:
@@ -177,8 +182,7 @@ def sched_s(pid: int) -> dict[int, tuple[float, float]]:
     """Per thread of ``pid`` (its children's too), the seconds it has run and waited runnable for a core (Linux
     schedstat): how the kernel shares the box's cores with the router, which its own CPU time does not show."""
     seen: dict[int, tuple[float, float]] = {}
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
+    for proc in tree(pid):
         for thread in proc.threads():
             with contextlib.suppress(OSError):  # a thread that ended meanwhile
                 run_ns, wait_ns, _slices = Path(f"/proc/{proc.pid}/task/{thread.id}/schedstat").read_text().split()
@@ -247,9 +251,8 @@ def replay(url: str, model: str, trace: Trace, max_tokens: int) -> tuple[list[Re
 
 def prioritize(pid: int, nice: int) -> None:
     """Every thread of ``pid``'s process tree at ``nice`` (Linux keeps a nice value per thread; later ones inherit)."""
-    root = psutil.Process(pid)
     try:
-        for proc in [root, *root.children(recursive=True)]:
+        for proc in tree(pid):
             for thread in proc.threads():
                 os.setpriority(os.PRIO_PROCESS, thread.id, nice)
     except PermissionError:
